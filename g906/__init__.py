@@ -1,0 +1,21 @@
+"""g906: serve Qwen3.5-family LLMs on AMD gfx906 GPUs with one checked command.
+
+The offline API (`LLM`, `SamplingParams`) is imported lazily so that
+`g906 doctor`, `g906 validate` and `g906 rccl` work where torch is missing.
+"""
+
+__version__ = "0.1.0"
+
+__all__ = ["LLM", "SamplingParams", "__version__"]
+
+
+def __getattr__(name: str):
+    if name == "LLM":
+        from g906.engine.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from g906.engine.sampling_params import SamplingParams
+
+        return SamplingParams
+    raise AttributeError(f"module 'g906' has no attribute {name!r}")

@@ -1,0 +1,3 @@
+from g906.cli.app import main
+
+main()

@@ -1,0 +1,1 @@
+"""The embedded engine. Imports torch: only import it when the engine is used."""
