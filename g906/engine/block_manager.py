@@ -1,0 +1,135 @@
+"""Cache bookkeeping: paged KV blocks (full-attention layers) and linear-attention state slots.
+
+BlockManager hands out fixed-size KV blocks with reference counts: a block returns to the
+free list when its last holder releases it (sharing is what `share` is for; a block written by
+one sequence is never handed to another while referenced). StateSlotPool is a fixed pool of
+per-sequence slots for the Gated DeltaNet conv + recurrent state (one per running sequence).
+
+Both are plain Python; the tensors they index live in g906/engine/cache.py."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from g906.engine.sequence import Sequence
+
+
+class OutOfBlocks(RuntimeError):
+    pass
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int):
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need at least one block of at least one token (got {num_blocks} x {block_size})")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.ref_counts = [0] * num_blocks
+        self._free: deque[int] = deque(range(num_blocks))
+
+    # -- queries -------------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def num_new_blocks(self, seq: Sequence, num_tokens: int) -> int:
+        """Blocks seq must gain so that its table covers num_tokens tokens."""
+        return max(0, self.blocks_needed(num_tokens) - len(seq.block_table))
+
+    def can_cover(self, seq: Sequence, num_tokens: int) -> bool:
+        return self.num_new_blocks(seq, num_tokens) <= len(self._free)
+
+    # -- changes -------------------------------------------------------------------------------
+    def _take(self) -> int:
+        if not self._free:
+            raise OutOfBlocks("no free KV-cache block")
+        block = self._free.popleft()
+        assert self.ref_counts[block] == 0
+        self.ref_counts[block] = 1
+        return block
+
+    def cover(self, seq: Sequence, num_tokens: int) -> None:
+        """Grow seq's block table to cover num_tokens tokens (all or nothing)."""
+        need = self.num_new_blocks(seq, num_tokens)
+        if need > len(self._free):
+            raise OutOfBlocks(f"{seq.request_id}: needs {need} blocks, {len(self._free)} free")
+        for _ in range(need):
+            seq.block_table.append(self._take())
+
+    def share(self, seq: Sequence, blocks: list[int]) -> None:
+        """Append already-filled blocks to seq's table (one more reference each)."""
+        for b in blocks:
+            if self.ref_counts[b] <= 0:
+                raise ValueError(f"block {b} is free and cannot be shared")
+            self.ref_counts[b] += 1
+            seq.block_table.append(b)
+
+    def release(self, seq: Sequence) -> None:
+        """Drop seq's references; blocks that nobody holds any more become free."""
+        for b in reversed(seq.block_table):
+            self.ref_counts[b] -= 1
+            assert self.ref_counts[b] >= 0, f"block {b} released twice"
+            if self.ref_counts[b] == 0:
+                self._free.append(b)
+        seq.block_table = []
+
+    def slot(self, seq: Sequence, position: int) -> int:
+        """The flat cache slot of token `position` of seq."""
+        return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size
+
+
+class StateSlotPool:
+    """A fixed pool of linear-attention state slots, one per running sequence."""
+
+    def __init__(self, num_slots: int):
+        if num_slots < 1:
+            raise ValueError("need at least one state slot")
+        self.num_slots = num_slots
+        self._free: deque[int] = deque(range(num_slots))
+        self._used: set[int] = set()
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used(self) -> int:
+        return len(self._used)
+
+    def acquire(self, seq: Sequence) -> int:
+        if seq.state_slot is not None:
+            return seq.state_slot
+        if not self._free:
+            raise OutOfBlocks("no free linear-attention state slot")
+        slot = self._free.popleft()
+        self._used.add(slot)
+        seq.state_slot = slot
+        return slot
+
+    def release(self, seq: Sequence) -> None:
+        slot = seq.state_slot
+        if slot is None:
+            return
+        self._used.remove(slot)
+        self._free.append(slot)
+        seq.state_slot = None
+
+
+class CacheManager:
+    """Both pools together: what a sequence holds, and what freeing a sequence returns."""
+
+    def __init__(self, num_blocks: int, block_size: int, num_state_slots: int):
+        self.blocks = BlockManager(num_blocks, block_size)
+        self.slots = StateSlotPool(num_state_slots)
+
+    def free(self, seq: Sequence) -> None:
+        self.blocks.release(seq)
+        self.slots.release(seq)
+        seq.num_cached_tokens = 0

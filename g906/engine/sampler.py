@@ -1,0 +1,173 @@
+"""The sampler: next tokens for a batch of rows of logits, all on the logits' device.
+
+Per row: repetition / presence / frequency penalties, then greedy (temperature 0) or
+temperature + top-k + top-p + min-p sampling. Random draws use the exponential-race form
+(argmax of p / q with q ~ Exp(1)), one draw of V numbers per row and step, from a per-request
+generator when the request has a seed (so a seeded request gives the same tokens however it is
+batched) or from the engine's generator otherwise. Logprobs are those of the model's raw
+distribution (log-softmax of the logits before penalties and temperature), like OpenAI's.
+
+The only device-to-host copy per step is the sampled token ids (plus the logprobs when a row
+asked for them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from g906.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class TokenLogprobs:
+    token_id: int
+    logprob: float
+    rank: int                                  # 1 = most likely
+    top: list[tuple[int, float]]               # the top-k (token id, logprob), best first
+
+
+@dataclass
+class SamplerRow:
+    """What the sampler needs to know about one row."""
+    key: int                                   # identifies the request (for its generator)
+    params: SamplingParams
+    prompt_token_ids: list[int] | None = None  # only needed with a repetition penalty
+    output_token_ids: list[int] | None = None  # only needed with penalties
+
+
+class Sampler:
+    def __init__(self, device: torch.device | str = "cpu", seed: int | None = None):
+        self.device = torch.device(device)
+        self._generators: dict[int, torch.Generator] = {}
+        self._shared = torch.Generator(device=self.device)
+        if seed is None:
+            self._shared.seed()
+        else:
+            self._shared.manual_seed(seed)
+
+    def forget(self, key: int) -> None:
+        """Drop a finished request's generator."""
+        self._generators.pop(key, None)
+
+    def _generator(self, row: SamplerRow) -> torch.Generator:
+        g = self._generators.get(row.key)
+        if g is None:
+            g = torch.Generator(device=self.device)
+            g.manual_seed(int(row.params.seed) % 2**64)
+            self._generators[row.key] = g
+        return g
+
+    # -- steps ---------------------------------------------------------------------------------
+    def _penalize(self, logits: torch.Tensor, rows: list[SamplerRow]) -> torch.Tensor:
+        n, v = logits.shape
+        dev = logits.device
+        idx = [i for i, r in enumerate(rows) if r.params.has_penalties]
+        if not idx:
+            return logits
+        logits = logits.clone()
+        sub = logits[idx]
+        m = len(idx)
+        outs = [rows[i].output_token_ids or [] for i in idx]
+        width = max(1, max(len(o) for o in outs))
+        pad = torch.full((m, width), v, dtype=torch.long)
+        for j, o in enumerate(outs):
+            if o:
+                pad[j, : len(o)] = torch.tensor(o, dtype=torch.long)
+        pad = pad.to(dev)
+        counts = torch.zeros(m, v + 1, device=dev, dtype=logits.dtype)
+        counts.scatter_add_(1, pad, torch.ones_like(pad, dtype=logits.dtype))
+        counts = counts[:, :v]
+        pres = torch.tensor([rows[i].params.presence_penalty for i in idx], device=dev, dtype=logits.dtype)
+        freq = torch.tensor([rows[i].params.frequency_penalty for i in idx], device=dev, dtype=logits.dtype)
+        rep = torch.tensor([rows[i].params.repetition_penalty for i in idx], device=dev, dtype=logits.dtype)
+        seen = counts > 0
+        if any(rows[i].params.repetition_penalty != 1.0 for i in idx):
+            prompts = [rows[i].prompt_token_ids or [] for i in idx]
+            pw = max(1, max(len(p) for p in prompts))
+            ppad = torch.full((m, pw), v, dtype=torch.long)
+            for j, p in enumerate(prompts):
+                if p:
+                    ppad[j, : len(p)] = torch.tensor(p, dtype=torch.long)
+            in_prompt = torch.zeros(m, v + 1, device=dev, dtype=torch.bool)
+            in_prompt.scatter_(1, ppad.to(dev), True)
+            rep_mask = seen | in_prompt[:, :v]
+            r = rep[:, None]
+            sub = torch.where(rep_mask, torch.where(sub > 0, sub / r, sub * r), sub)
+        sub = sub - freq[:, None] * counts - pres[:, None] * seen.to(sub.dtype)
+        logits[idx] = sub
+        return logits
+
+    def _filter(self, logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+        """Temperature, then top-k / top-p / min-p (masked logits set to -inf)."""
+        n, v = logits.shape
+        dev = logits.device
+        temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=dev)
+        logits = logits / temps[:, None].to(logits.dtype)
+        need_k = any(0 < p.top_k < v for p in params)
+        need_p = any(p.top_p < 1.0 for p in params)
+        need_min = any(p.min_p > 0.0 for p in params)
+        if not (need_k or need_p or need_min):
+            return logits
+        vals, order = logits.sort(dim=-1, descending=True)
+        mask = torch.zeros_like(vals, dtype=torch.bool)
+        if need_k:
+            k = torch.tensor([p.top_k if 0 < p.top_k < v else v for p in params], device=dev)
+            mask |= torch.arange(v, device=dev)[None, :] >= k[:, None]
+        if need_p or need_min:
+            probs = torch.softmax(vals.masked_fill(mask, float("-inf")), dim=-1)
+            if need_p:
+                top_p = torch.tensor([p.top_p for p in params], device=dev, dtype=probs.dtype)
+                before = probs.cumsum(dim=-1) - probs        # mass of strictly better tokens
+                mask |= before > top_p[:, None]
+            if need_min:
+                min_p = torch.tensor([p.min_p for p in params], device=dev, dtype=probs.dtype)
+                mask |= probs < (min_p[:, None] * probs[:, :1])
+        mask[:, 0] = False                                   # always keep the best token
+        vals = vals.masked_fill(mask, float("-inf"))
+        return torch.full_like(logits, float("-inf")).scatter(1, order, vals)
+
+    def __call__(self, logits: torch.Tensor, rows: list[SamplerRow]) -> tuple[list[int], list[TokenLogprobs | None]]:
+        if logits.shape[0] != len(rows):
+            raise ValueError(f"{logits.shape[0]} rows of logits for {len(rows)} requests")
+        if not rows:
+            return [], []
+        logits = logits.float()
+        params = [r.params for r in rows]
+        want_lp = [p.logprobs is not None for p in params]
+        raw_lp = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
+        x = self._penalize(logits, rows)
+        if all(p.greedy for p in params):
+            ids = x.argmax(dim=-1)
+        else:
+            y = self._filter(x, params)
+            probs = torch.softmax(y, dim=-1)
+            q = torch.empty_like(probs)
+            unseeded = [i for i, p in enumerate(params) if p.seed is None and not p.greedy]
+            if unseeded:
+                q[unseeded] = torch.empty(len(unseeded), probs.shape[1], device=probs.device).exponential_(
+                    generator=self._shared
+                )
+            for i, r in enumerate(rows):
+                if r.params.seed is not None and not r.params.greedy:
+                    q[i].exponential_(generator=self._generator(r))
+            sampled = (probs / q.clamp_min(1e-20)).argmax(dim=-1)
+            greedy = torch.tensor([p.greedy for p in params], device=x.device)
+            ids = torch.where(greedy, x.argmax(dim=-1), sampled)
+        token_ids = ids.tolist()                               # the one copy per step
+        out_lp: list[TokenLogprobs | None] = [None] * len(rows)
+        if raw_lp is not None:
+            kmax = max(p.logprobs or 0 for p in params)
+            chosen = raw_lp.gather(1, ids[:, None])[:, 0]
+            ranks = (raw_lp > chosen[:, None]).sum(dim=-1) + 1
+            if kmax > 0:
+                top_v, top_i = raw_lp.topk(kmax, dim=-1)
+                top_v, top_i = top_v.tolist(), top_i.tolist()
+            chosen_l, ranks_l = chosen.tolist(), ranks.tolist()
+            for i, p in enumerate(params):
+                if p.logprobs is None:
+                    continue
+                k = p.logprobs
+                top = list(zip(top_i[i][:k], top_v[i][:k])) if k > 0 else []
+                out_lp[i] = TokenLogprobs(token_ids[i], chosen_l[i], int(ranks_l[i]), top)
+        return token_ids, out_lp

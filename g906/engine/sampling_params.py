@@ -1,0 +1,98 @@
+"""SamplingParams: how one request is decoded (plain data, checked on construction).
+
+Field names and meanings follow the OpenAI / vLLM vocabulary so that the server can map a
+request body onto them one to one. A bad value raises ValueError naming the field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+_GREEDY_EPS = 1e-5
+MAX_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0                     # 0 or -1: disabled
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    max_tokens: int | None = 16        # None: up to the context length
+    min_tokens: int = 0
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None        # number of top logprobs per step (0: only the sampled token's)
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        else:
+            self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        self._check()
+
+    def _check(self) -> None:
+        def bad(name: str, msg: str) -> ValueError:
+            err = ValueError(f"{name} {msg}")
+            err.param = name  # type: ignore[attr-defined]
+            return err
+
+        if not isinstance(self.n, int) or self.n < 1:
+            raise bad("n", f"must be at least 1, got {self.n}")
+        if not 0.0 <= self.temperature:
+            raise bad("temperature", f"must be non-negative, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", f"must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise bad("top_k", f"must be -1 (disabled), 0 (disabled) or positive, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise bad("min_p", f"must be in [0, 1], got {self.min_p}")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            raise bad("presence_penalty", f"must be in [-2, 2], got {self.presence_penalty}")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            raise bad("frequency_penalty", f"must be in [-2, 2], got {self.frequency_penalty}")
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            raise bad("repetition_penalty", f"must be in (0, 2], got {self.repetition_penalty}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise bad("max_tokens", f"must be at least 1, got {self.max_tokens}")
+        if self.min_tokens < 0:
+            raise bad("min_tokens", f"must be non-negative, got {self.min_tokens}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise bad("min_tokens", f"({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise bad("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
+            raise bad("seed", "must fit in 64 bits")
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise bad("stop", "entries must be non-empty strings")
+        for t in self.stop_token_ids:
+            if not isinstance(t, int) or t < 0:
+                raise bad("stop_token_ids", "entries must be non-negative token ids")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPS
+
+    @property
+    def has_penalties(self) -> bool:
+        return (
+            self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+        )
+
+    def for_child(self, index: int) -> "SamplingParams":
+        """The params of the index-th of n samples: n=1, and a distinct seed when seeded."""
+        seed = None if self.seed is None else (self.seed + index) % 2**64
+        return replace(self, n=1, seed=seed)

@@ -1,0 +1,163 @@
+"""The scheduler: continuous batching with chunked prefill and preemption by recompute.
+
+Each step is either a prefill step (chunks of prompts, bounded by max_num_batched_tokens) or a
+decode step (one token for every running sequence that has finished its prefill).
+
+- Prefill goes first: sequences part-way through a chunked prefill continue, then waiting
+  sequences are admitted in arrival order (FIFO: the first one that does not fit stops
+  admission, later ones never overtake it). Admission needs a free state slot, room under
+  max_num_seqs, and KV blocks for every token the sequence has.
+- A sequence's chunks are always min(remaining, max_num_batched_tokens) long, so its chunk
+  boundaries do not depend on what else is in the batch (outputs do not depend on batching).
+- Decode grows each running sequence's block table by one token. When blocks run out the
+  newest running sequence is preempted: its blocks and state slot are freed and it goes back to
+  the front of the queue, to be prefilled again (prompt + tokens generated so far).
+- abort() removes a sequence from wherever it is and frees what it holds at once."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from g906.engine.block_manager import CacheManager
+from g906.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1 or self.max_model_len < 1:
+            raise ValueError("scheduler limits must be positive")
+
+
+@dataclass
+class ScheduledBatch:
+    is_prefill: bool
+    seqs: list[Sequence]
+    num_new_tokens: list[int]
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+    def samples(self, i: int) -> bool:
+        """Whether sequence i reaches its last token in this step (and so samples the next)."""
+        s = self.seqs[i]
+        return s.num_cached_tokens + self.num_new_tokens[i] == s.num_tokens
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, cache: CacheManager):
+        self.config = config
+        self.cache = cache
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    # -- queue -----------------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Mark seq finished (reason "stop" / "length" / "abort") and free its cache at once."""
+        if seq.status is SequenceStatus.FINISHED:
+            return
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        else:
+            try:
+                self.waiting.remove(seq)
+            except ValueError:
+                pass
+        self.cache.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def abort(self, seq: Sequence) -> None:
+        self.finish(seq, "abort")
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.cache.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    # -- one step ----------------------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch | None:
+        batch = self._schedule_prefill()
+        if batch is not None:
+            return batch
+        return self._schedule_decode()
+
+    def _chunk(self, seq: Sequence) -> int:
+        return min(seq.num_uncached_tokens, self.config.max_num_batched_tokens)
+
+    def _schedule_prefill(self) -> ScheduledBatch | None:
+        budget = self.config.max_num_batched_tokens
+        seqs: list[Sequence] = []
+        chunks: list[int] = []
+        for seq in self.running:
+            if seq.is_decode:
+                continue
+            n = self._chunk(seq)
+            if n > budget:
+                continue
+            seqs.append(seq)
+            chunks.append(n)
+            budget -= n
+        blocks, slots = self.cache.blocks, self.cache.slots
+        while self.waiting and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            n = self._chunk(seq)
+            if n > budget or slots.num_free == 0 or not blocks.can_cover(seq, seq.num_tokens):
+                break
+            self.waiting.popleft()
+            blocks.cover(seq, seq.num_tokens)
+            slots.acquire(seq)
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            seqs.append(seq)
+            chunks.append(n)
+            budget -= n
+        if not seqs:
+            return None
+        return ScheduledBatch(True, seqs, chunks)
+
+    def _schedule_decode(self) -> ScheduledBatch | None:
+        blocks = self.cache.blocks
+        seqs: list[Sequence] = []
+        preempted: list[Sequence] = []
+        for seq in list(self.running):
+            if seq.status is not SequenceStatus.RUNNING or not seq.is_decode:
+                continue  # preempted earlier in this loop (or still prefilling)
+            while not blocks.can_cover(seq, seq.num_tokens):
+                victim = self.running[-1]
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+            else:
+                blocks.cover(seq, seq.num_tokens)
+                seqs.append(seq)
+        if not seqs:
+            return None if not preempted else ScheduledBatch(False, [], [], preempted)
+        return ScheduledBatch(False, seqs, [1] * len(seqs), preempted)
