@@ -1,0 +1,98 @@
+"""Cache tensors of the Qwen3.5 model: a paged KV cache for the full-attention layers and
+per-sequence state slots for the linear-attention (Gated DeltaNet) layers.
+
+Full-attention layer i: k_cache[i], v_cache[i] of [num_blocks, block_size, num_kv_heads, head_dim]
+(model dtype). Linear layer i: conv_state[i] [num_state_slots, conv_dim, K-1] (model dtype) and
+ssm_state[i] [num_state_slots, Hv, Dk, Dv] (fp32). Each kind lives in one allocation; the
+per-layer entries are views of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from g906.engine.config import ModelConfig
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes of K and V for one block of block_size tokens across all full-attention layers."""
+    n = len(config.full_attention_layers)
+    return n * 2 * block_size * config.num_key_value_heads * config.head_dim * _itemsize(dtype)
+
+
+def state_bytes_per_slot(config: ModelConfig, dtype: torch.dtype) -> int:
+    """Bytes of one sequence's linear-attention state across all linear layers (conv state in
+    `dtype`, recurrent state in fp32)."""
+    n = len(config.linear_attention_layers)
+    conv = config.linear_conv_dim * (config.linear_conv_kernel_dim - 1) * _itemsize(dtype)
+    ssm = config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim * 4
+    return n * (conv + ssm)
+
+
+@dataclass
+class ModelCache:
+    config: ModelConfig
+    num_blocks: int
+    block_size: int
+    num_state_slots: int
+    dtype: torch.dtype
+    device: torch.device
+    kv: torch.Tensor | None = None          # [n_full, 2, num_blocks, block_size, Hkv, D]
+    conv: torch.Tensor | None = None        # [n_linear, S, conv_dim, K-1]
+    ssm: torch.Tensor | None = None         # [n_linear, S, Hv, Dk, Dv] fp32
+    k_cache: dict[int, torch.Tensor] = field(default_factory=dict)
+    v_cache: dict[int, torch.Tensor] = field(default_factory=dict)
+    conv_state: dict[int, torch.Tensor] = field(default_factory=dict)
+    ssm_state: dict[int, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def allocate(
+        cls,
+        config: ModelConfig,
+        *,
+        num_blocks: int,
+        block_size: int,
+        num_state_slots: int,
+        dtype: torch.dtype,
+        device,
+    ) -> "ModelCache":
+        device = torch.device(device)
+        full = config.full_attention_layers
+        lin = config.linear_attention_layers
+        c = cls(config, num_blocks, block_size, num_state_slots, dtype, device)
+        c.kv = torch.zeros(
+            len(full), 2, num_blocks, block_size, config.num_key_value_heads, config.head_dim,
+            dtype=dtype, device=device,
+        )
+        c.conv = torch.zeros(
+            len(lin), num_state_slots, config.linear_conv_dim, config.linear_conv_kernel_dim - 1,
+            dtype=dtype, device=device,
+        )
+        c.ssm = torch.zeros(
+            len(lin), num_state_slots, config.linear_num_value_heads, config.linear_key_head_dim,
+            config.linear_value_head_dim, dtype=torch.float32, device=device,
+        )
+        for j, i in enumerate(full):
+            c.k_cache[i] = c.kv[j, 0]
+            c.v_cache[i] = c.kv[j, 1]
+        for j, i in enumerate(lin):
+            c.conv_state[i] = c.conv[j]
+            c.ssm_state[i] = c.ssm[j]
+        return c
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.kv, self.conv, self.ssm) if t is not None)
+
+    def reset_slots(self, slots) -> None:
+        """Zero the linear-attention states of these slots (a new sequence starts there)."""
+        idx = torch.as_tensor(slots, dtype=torch.long, device=self.device).reshape(-1)
+        if idx.numel() == 0:
+            return
+        self.conv.index_fill_(1, idx, 0)
+        self.ssm.index_fill_(1, idx, 0)

@@ -1,0 +1,54 @@
+"""Gated full attention (Qwen3.5): q_proj yields [q | gate] per head, per-head q/k RMSNorm
+(zero-centred), partial rotary, GQA over the paged KV cache, output * sigmoid(gate), o_proj."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from g906.engine.context import ForwardContext
+from g906.engine.layers import ops
+from g906.engine.layers.linear import Linear
+from g906.engine.layers.norms import RMSNorm
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, eps: float):
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = head_dim**-0.5
+        self.q_proj = Linear(hidden_size, num_heads * head_dim * 2)
+        self.k_proj = Linear(hidden_size, num_kv_heads * head_dim)
+        self.v_proj = Linear(hidden_size, num_kv_heads * head_dim)
+        self.o_proj = Linear(num_heads * head_dim, hidden_size)
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+        self.k_cache: torch.Tensor | None = None   # [num_blocks, block_size, Hkv, D], set by bind_cache
+        self.v_cache: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        t = x.shape[0]
+        h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
+        qg = self.q_proj(x).view(t, h, 2 * d)
+        q, gate = qg[..., :d], qg[..., d:]
+        q = self.q_norm(q.contiguous())
+        k = self.k_norm(self.k_proj(x).view(t, hk, d))
+        v = self.v_proj(x).view(t, hk, d)
+        ops.rotary_(q, k, cos, sin)
+        if self.k_cache is None:
+            # no cache bound (e.g. a memory-profiling run): fresh sequences only
+            o = ops.varlen_attention(q, k, v, ctx.cu_seqlens_q, self.scale)
+        else:
+            ops.store_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+            if ctx.is_prefill:
+                o = ops.prefill_attention(
+                    q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.seq_lens, ctx.block_tables, self.scale
+                )
+            else:
+                o = ops.paged_decode_attention(
+                    q, self.k_cache, self.v_cache, ctx.block_tables, ctx.seq_lens, self.scale
+                )
+        o = o.reshape(t, h * d) * torch.sigmoid(gate.reshape(t, h * d))
+        return self.o_proj(o)

@@ -1,0 +1,103 @@
+"""Gated DeltaNet (Qwen3.5 linear attention).
+
+in_proj_qkv -> causal depthwise conv1d (kernel K) + SiLU -> split q, k, v;
+beta = sigmoid(in_proj_b x); g = -exp(A_log) * softplus(in_proj_a x + dt_bias);
+gated delta rule on L2-normalised q, k (q scaled 1/sqrt(Dk)), fp32 state;
+gated RMSNorm(o) * silu(in_proj_z x); out_proj.
+
+Value heads outnumber key heads. `head_order` says which key head a value head uses:
+"grouped" (HF: j // ratio) or "tiled" (llama.cpp GGUF: j % num_k_heads). All v-indexed
+tensors are used in the file's order, so either layout computes without re-ordering."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from g906.engine.context import ForwardContext
+from g906.engine.layers import ops
+from g906.engine.layers.base import WeightHolder, WeightSpec
+from g906.engine.layers.linear import Linear
+from g906.engine.layers.norms import GatedRMSNorm
+
+
+class Conv1dWeight(WeightHolder):
+    """Depthwise conv1d weight, kept as [channels, kernel] (HF stores [channels, 1, kernel])."""
+
+    def __init__(self, channels: int, kernel: int):
+        super().__init__()
+        self.channels = channels
+        self.kernel = kernel
+        self.weight = None
+
+    def weight_specs(self) -> dict[str, WeightSpec]:
+        return {"weight": WeightSpec((self.channels, self.kernel), alt_shapes=((self.channels, 1, self.kernel),))}
+
+
+class GatedDeltaNet(WeightHolder):
+    def __init__(
+        self,
+        hidden_size: int,
+        num_k_heads: int,
+        num_v_heads: int,
+        head_k_dim: int,
+        head_v_dim: int,
+        conv_kernel: int,
+        eps: float,
+        head_order: str = "grouped",
+    ):
+        super().__init__()
+        self.num_k_heads = num_k_heads
+        self.num_v_heads = num_v_heads
+        self.head_k_dim = head_k_dim
+        self.head_v_dim = head_v_dim
+        self.key_dim = num_k_heads * head_k_dim
+        self.value_dim = num_v_heads * head_v_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        self.head_order = head_order
+        self.in_proj_qkv = Linear(hidden_size, self.conv_dim)
+        self.in_proj_z = Linear(hidden_size, self.value_dim)
+        self.in_proj_b = Linear(hidden_size, num_v_heads)
+        self.in_proj_a = Linear(hidden_size, num_v_heads)
+        self.conv1d = Conv1dWeight(self.conv_dim, conv_kernel)
+        self.norm = GatedRMSNorm(head_v_dim, eps)
+        self.out_proj = Linear(self.value_dim, hidden_size)
+        self.A_log = None
+        self.dt_bias = None
+        self.conv_state: torch.Tensor | None = None  # [S, conv_dim, K-1], set by bind_cache
+        self.ssm_state: torch.Tensor | None = None   # [S, Hv, Dk, Dv] fp32
+
+    def weight_specs(self) -> dict[str, WeightSpec]:
+        return {
+            "A_log": WeightSpec((self.num_v_heads,), dtype=torch.float32),
+            "dt_bias": WeightSpec((self.num_v_heads,), dtype=torch.float32),
+        }
+
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        t = x.shape[0]
+        qkv = self.in_proj_qkv(x)
+        z = self.in_proj_z(x)
+        b = self.in_proj_b(x)
+        a = self.in_proj_a(x)
+        w = self.conv1d.weight.reshape(self.conv_dim, -1)
+        if ctx.is_prefill or self.conv_state is None:
+            qkv = ops.causal_conv1d_prefill(
+                qkv, w, self.conv_state, ctx.cu_seqlens_q, ctx.state_slots, ctx.has_initial_state
+            )
+        else:
+            qkv = ops.causal_conv1d_decode(qkv, w, self.conv_state, ctx.state_slots)
+        q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.reshape(t, self.num_k_heads, self.head_k_dim)
+        k = k.reshape(t, self.num_k_heads, self.head_k_dim)
+        v = v.reshape(t, self.num_v_heads, self.head_v_dim)
+        beta = torch.sigmoid(b.float())
+        g = -torch.exp(self.A_log.float()) * F.softplus(a.float() + self.dt_bias.float())
+        if ctx.is_prefill or self.ssm_state is None:
+            o = ops.gated_delta_rule_prefill(
+                q, k, v, g, beta, self.ssm_state, ctx.cu_seqlens_q, ctx.state_slots, ctx.has_initial_state,
+                head_order=self.head_order,
+            )
+        else:
+            o = ops.gated_delta_rule_decode(q, k, v, g, beta, self.ssm_state, ctx.state_slots, head_order=self.head_order)
+        o = self.norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
+        return self.out_proj(o.reshape(t, self.value_dim))

@@ -1,0 +1,1 @@
+"""Model-file loaders: safetensors (Hugging Face directories) and GGUF."""

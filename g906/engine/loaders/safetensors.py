@@ -1,0 +1,175 @@
+"""Hugging Face model directories: config.json + safetensors weights (single file or sharded
+with model.safetensors.index.json), F32/F16/BF16, memory-mapped through safetensors.safe_open.
+Multimodal checkpoints (Qwen3_5ForConditionalGeneration) yield the text part only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from g906.engine.config import ModelConfig
+from g906.errors import G906Error
+
+_VISION_PREFIXES = ("model.visual.", "visual.", "model.vision_tower.", "vision_tower.")
+_SUPPORTED_DTYPES = {"F32", "F16", "BF16"}
+
+
+def is_hf_dir(path: str | Path) -> bool:
+    p = Path(path)
+    return p.is_dir() and (p / "config.json").is_file()
+
+
+class HFModelDir:
+    """One HF model directory. Same protocol as the GGUF loader's GGUFModelFile:
+    config(), weights(), tokenizer(), chat_template()."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise G906Error(f"{self.path}: not a directory")
+        self._config: ModelConfig | None = None
+        self.files = self._weight_files()
+
+    # ------------------------------------------------------------------ files
+
+    def _weight_files(self) -> dict[str, list[str]]:
+        """safetensors file -> tensor names in it (vision tensors left out)."""
+        index = self.path / "model.safetensors.index.json"
+        if index.is_file():
+            try:
+                data = json.loads(index.read_text(encoding="utf-8"))
+                weight_map = data["weight_map"]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise G906Error(f"{index}: cannot read the shard index: {exc}") from None
+            files: dict[str, list[str]] = {}
+            for name, fname in weight_map.items():
+                if name.startswith(_VISION_PREFIXES):
+                    continue
+                files.setdefault(fname, []).append(name)
+            for fname in files:
+                if not (self.path / fname).is_file():
+                    raise G906Error(
+                        f"{self.path / fname}: shard listed in model.safetensors.index.json is missing",
+                        hint="download the complete model directory",
+                    )
+            return files
+        single = self.path / "model.safetensors"
+        candidates = [single] if single.is_file() else sorted(self.path.glob("*.safetensors"))
+        if not candidates:
+            raise G906Error(
+                f"{self.path}: no safetensors weights (model.safetensors or an index)",
+                hint="point the model at a Hugging Face directory with .safetensors files",
+            )
+        files = {}
+        for f in candidates:
+            files[f.name] = [n for n in self._names_in(f) if not n.startswith(_VISION_PREFIXES)]
+        return files
+
+    def _open(self, fpath: Path):
+        from safetensors import safe_open
+
+        try:
+            return safe_open(str(fpath), framework="pt", device="cpu")
+        except Exception as exc:  # safetensors raises its own SafetensorError / OSError
+            raise G906Error(f"{fpath}: not a readable safetensors file: {exc}") from None
+
+    def _names_in(self, fpath: Path) -> list[str]:
+        with self._open(fpath) as f:
+            return list(f.keys())
+
+    @property
+    def total_bytes(self) -> int:
+        return sum((self.path / f).stat().st_size for f in self.files)
+
+    # ------------------------------------------------------------------ protocol
+
+    def config(self) -> ModelConfig:
+        if self._config is None:
+            self._config = ModelConfig.from_hf_dir(self.path)
+        return self._config
+
+    def weights(self, progress: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        """(name, tensor) for every text-model tensor, memory-mapped (copied on conversion)."""
+        total = self.total_bytes
+        bar = _Progress(total, f"loading {self.path.name}") if progress else None
+        try:
+            for fname, names in self.files.items():
+                fpath = self.path / fname
+                with self._open(fpath) as f:
+                    present = set(f.keys())
+                    for name in names:
+                        if name not in present:
+                            raise G906Error(
+                                f"{fpath}: tensor {name} is listed in the index but not in the file",
+                                hint="the download is incomplete or the index is stale",
+                            )
+                        try:
+                            t = f.get_tensor(name)
+                        except Exception as exc:
+                            raise G906Error(f"{fpath}: cannot read tensor {name}: {exc}") from None
+                        if t.dtype not in (torch.float32, torch.float16, torch.bfloat16) and t.is_floating_point():
+                            raise G906Error(
+                                f"{fpath}: tensor {name} has dtype {t.dtype}; only F32, F16 and BF16 are supported"
+                            )
+                        if bar:
+                            bar.advance(t.numel() * t.element_size())
+                        yield name, t
+        finally:
+            if bar:
+                bar.close()
+
+    def tokenizer(self):
+        try:
+            from g906.engine.tokenizer import Tokenizer
+        except ImportError:
+            return None
+        return Tokenizer.from_hf_dir(self.path)
+
+    def chat_template(self) -> str | None:
+        jinja = self.path / "chat_template.jinja"
+        if jinja.is_file():
+            return jinja.read_text(encoding="utf-8")
+        for fname in ("tokenizer_config.json", "chat_template.json"):
+            p = self.path / fname
+            if p.is_file():
+                try:
+                    tmpl = json.loads(p.read_text(encoding="utf-8")).get("chat_template")
+                except (OSError, ValueError, AttributeError):
+                    continue
+                if isinstance(tmpl, list):  # named templates: take "default"
+                    tmpl = next((t.get("template") for t in tmpl if t.get("name") == "default"), None)
+                if isinstance(tmpl, str):
+                    return tmpl
+        return None
+
+
+class _Progress:
+    """A rich progress bar over bytes, shown only for large models on a terminal."""
+
+    def __init__(self, total: int, label: str, min_bytes: int = 256 << 20):
+        self._p = None
+        if total < min_bytes:
+            return
+        try:
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._p = Progress(
+                TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                transient=True,
+            )
+            self._p.start()
+            self._task = self._p.add_task(label, total=total)
+        except Exception:
+            self._p = None
+
+    def advance(self, n: int) -> None:
+        if self._p is not None:
+            self._p.advance(self._task, n)
+
+    def close(self) -> None:
+        if self._p is not None:
+            self._p.stop()
+            self._p = None

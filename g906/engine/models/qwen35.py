@@ -1,0 +1,231 @@
+"""Qwen3.5 text model (dense MLP): hybrid Gated DeltaNet + gated full attention.
+
+Module names mirror the Hugging Face checkpoint (model.layers.N.linear_attn.in_proj_qkv, ...),
+so load_weights resolves a checkpoint name to its slot directly. Computes exactly what
+transformers' models/qwen3_5 computes, on a flat batch described by a ForwardContext, reading
+and writing the paged KV cache and the linear-attention state slots bound by bind_cache."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from g906.engine.cache import ModelCache
+from g906.engine.config import ModelConfig
+from g906.engine.context import ForwardContext
+from g906.engine.layers import ops
+from g906.engine.layers.attention import Attention
+from g906.engine.layers.base import WeightHolder, WeightSpec, check_shape
+from g906.engine.layers.embedding import Embedding
+from g906.engine.layers.gated_deltanet import GatedDeltaNet
+from g906.engine.layers.linear import Linear
+from g906.engine.layers.mlp import MLP
+from g906.engine.layers.norms import RMSNorm
+from g906.engine.layers.rotary import RotaryEmbedding
+from g906.engine.weights import QuantizedTensor
+from g906.errors import G906Error
+
+_FP16_MAX = 65504.0
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer_idx: int):
+        super().__init__()
+        self.layer_type = config.layer_types[layer_idx]
+        eps = config.rms_norm_eps
+        if self.layer_type == "linear_attention":
+            self.linear_attn = GatedDeltaNet(
+                config.hidden_size,
+                config.linear_num_key_heads,
+                config.linear_num_value_heads,
+                config.linear_key_head_dim,
+                config.linear_value_head_dim,
+                config.linear_conv_kernel_dim,
+                eps,
+                head_order=config.linear_v_head_order,
+            )
+        elif self.layer_type == "full_attention":
+            self.self_attn = Attention(
+                config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim, eps
+            )
+        else:
+            raise G906Error(f"layer {layer_idx}: unknown layer type {self.layer_type!r}")
+        self.mlp = MLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
+
+    def forward(self, x, residual, cos, sin, ctx: ForwardContext):
+        if residual is None:
+            residual = x
+            h = self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        if self.layer_type == "linear_attention":
+            h = self.linear_attn(h, ctx)
+        else:
+            h = self.self_attn(h, cos, sin, ctx)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class Qwen35TextModel(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+        super().__init__()
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype)
+        self.layers = nn.ModuleList([DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(config.rotary_dim, config.rope_theta)
+
+    def forward(self, input_ids, positions, ctx):
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary.cos_sin(positions)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(x, residual, cos, sin, ctx)
+        x, _ = self.norm(x, residual)
+        return x
+
+
+def _normalise_name(name: str) -> str | None:
+    """Map a checkpoint name onto this module tree; None for tensors that belong to another
+    part of a multimodal checkpoint (the vision tower)."""
+    for prefix, repl in (
+        ("model.language_model.", "model."),
+        ("language_model.model.", "model."),
+        ("language_model.lm_head.", "lm_head."),
+        ("model.lm_head.", "lm_head."),
+    ):
+        if name.startswith(prefix):
+            return repl + name[len(prefix):]
+    if name.startswith(("model.visual.", "visual.", "vision_tower.", "model.vision_tower.")):
+        return None
+    return name
+
+
+class Qwen35ForCausalLM(nn.Module):
+    """Qwen3.5 causal LM.
+
+    Qwen35ForCausalLM(config, dtype=, device=)
+      .load_weights(iterable of (hf_name, Tensor | QuantizedTensor)) -> dict (loaded bytes etc.)
+      .bind_cache(ModelCache)
+      .forward(input_ids [T], positions [T], ctx) -> hidden [T, H]
+      .compute_logits(hidden [N, H]) -> float32 [N, V]
+    """
+
+    def __init__(self, config: ModelConfig, *, dtype: torch.dtype, device=None):
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.model = Qwen35TextModel(config, dtype)
+        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size)
+        self.mtp_weights: dict[str, torch.Tensor | QuantizedTensor] = {}
+        self.cache: ModelCache | None = None
+
+    # ---------------------------------------------------------------- weights
+
+    def weight_slots(self) -> dict[str, tuple[WeightHolder, str, WeightSpec]]:
+        """Every tensor this model needs: HF name -> (holder module, attribute, spec)."""
+        slots = {}
+        for mod_name, mod in self.named_modules():
+            if isinstance(mod, WeightHolder):
+                for attr, spec in mod.weight_specs().items():
+                    slots[f"{mod_name}.{attr}" if mod_name else attr] = (mod, attr, spec)
+        return slots
+
+    def _convert(self, name: str, t: torch.Tensor, spec: WeightSpec) -> torch.Tensor:
+        target = spec.dtype or self.dtype
+        if t.dtype != target:
+            if target == torch.float16 and t.dtype in (torch.bfloat16, torch.float32) and t.numel():
+                big = t.abs().max().item()
+                if big > _FP16_MAX and big != float("inf"):
+                    raise G906Error(
+                        f"tensor {name} holds values up to {big:.4g}, beyond float16's range (65504)",
+                        hint="this checkpoint cannot run in float16; use dtype bfloat16 or float32 "
+                        "on a device that supports them",
+                    )
+            t = t.to(target)
+        if tuple(t.shape) != tuple(spec.shape):
+            t = t.reshape(spec.shape)
+        return t.to(self.device).contiguous()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]]) -> dict:
+        """Load (name, tensor) pairs with HF names (text-only or multimodal wrapper names).
+        Every tensor is checked against the config; a missing, unknown or mis-shaped tensor raises
+        G906Error naming it. mtp.* weights are kept (self.mtp_weights) but not run. Returns
+        {"weight_bytes": resident bytes, "quantized_tensors": n, "mtp_tensors": n}."""
+        slots = self.weight_slots()
+        loaded: set[str] = set()
+        nbytes = 0
+        nquant = 0
+        for raw_name, tensor in weights:
+            name = _normalise_name(raw_name)
+            if name is None:
+                continue
+            if name.startswith("mtp."):
+                if isinstance(tensor, QuantizedTensor):
+                    tensor = tensor.to(self.device)
+                else:
+                    tensor = tensor.to(self.device, self.dtype if tensor.is_floating_point() else tensor.dtype)
+                self.mtp_weights[name] = tensor
+                nbytes += tensor.nbytes
+                continue
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue  # tied: the embedding serves as the output projection
+            slot = slots.get(name)
+            if slot is None:
+                raise G906Error(
+                    f"unexpected tensor {raw_name} in the checkpoint",
+                    hint="the weights do not belong to a Qwen3.5 text model with this config",
+                )
+            mod, attr, spec = slot
+            if isinstance(tensor, QuantizedTensor):
+                check_shape(raw_name, tuple(tensor.shape), spec)
+                if not spec.quantizable:
+                    value = ops.dequantize_weight(tensor, spec.dtype or self.dtype).reshape(spec.shape).to(self.device)
+                else:
+                    value = tensor.to(self.device)
+                    nquant += 1
+            else:
+                if not isinstance(tensor, torch.Tensor):
+                    raise G906Error(f"tensor {raw_name}: not a tensor ({type(tensor).__name__})")
+                check_shape(raw_name, tuple(tensor.shape), spec)
+                value = self._convert(raw_name, tensor, spec)
+            mod.set_weight(attr, value)
+            if name not in loaded:
+                nbytes += value.nbytes
+            loaded.add(name)
+        missing = [n for n in slots if n not in loaded]
+        if missing:
+            more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+            raise G906Error(
+                f"the checkpoint lacks tensor {missing[0]}" + (f"; also missing: {', '.join(missing[1:5])}{more}" if len(missing) > 1 else ""),
+                hint="the files are incomplete or belong to a different model",
+            )
+        return {"weight_bytes": nbytes, "quantized_tensors": nquant, "mtp_tensors": len(self.mtp_weights)}
+
+    # ---------------------------------------------------------------- cache
+
+    def bind_cache(self, cache: ModelCache) -> None:
+        """Point every layer at its cache tensors (full attention: k/v; linear: conv/ssm)."""
+        self.cache = cache
+        for i, layer in enumerate(self.model.layers):
+            if layer.layer_type == "full_attention":
+                layer.self_attn.k_cache = cache.k_cache[i]
+                layer.self_attn.v_cache = cache.v_cache[i]
+            else:
+                layer.linear_attn.conv_state = cache.conv_state[i]
+                layer.linear_attn.ssm_state = cache.ssm_state[i]
+
+    # ---------------------------------------------------------------- compute
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        return self.model(input_ids, positions, ctx)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return ops.linear(hidden, w).float()
