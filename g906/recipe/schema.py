@@ -4,9 +4,20 @@ extra="forbid" everywhere so that a misspelt key is an error, not a silent defau
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 
 class _Strict(BaseModel):
@@ -30,20 +41,40 @@ def parse_token_count(value: int | str) -> int:
     raise ValueError(f"expected a whole number of tokens or a string such as \"32k\", got {value!r}")
 
 
+# The JSON Schema of a token count: what an editor should accept (the model stores an int).
+_TOKENS_JSON = {
+    "anyOf": [
+        {"type": "integer", "minimum": 1},
+        {"type": "string", "pattern": r"^\s*[0-9]+\s*[kKmM]?\s*$"},
+        {"type": "null"},
+    ]
+}
+TokenCount = Annotated[int | None, WithJsonSchema(_TOKENS_JSON)]
+
+
 class ModelSection(_Strict):
     source: str = Field(
         description="A GGUF file (the first shard of a split set), a Hugging Face model directory, "
         "or builtin:<name> for a synthetic smoke-test model."
     )
-    name: str | None = Field(None, description="Served model name (defaults to the source's stem).")
-    mmproj: str = Field("auto", description='"auto" (find mmproj-*.gguf beside a GGUF), a path, or "none".')
+    name: str | None = Field(
+        None, min_length=1, description="Served model name (defaults to the file or directory name)."
+    )
+    mmproj: str = Field(
+        "auto",
+        min_length=1,
+        description='Vision projector of a GGUF model: "auto" (an mmproj*.gguf beside the model, when there '
+        'is exactly one), a path, or "none".',
+    )
     dtype: Literal["auto", "float16", "bfloat16", "float32"] = Field(
         "auto", description="auto = float16 on gfx906, bfloat16/float16 on CUDA, float32 on CPU."
     )
     quantization: Literal["auto", "none", "gguf", "gptq", "awq"] = Field(
         "auto", description="auto detects it from the model files."
     )
-    chat_template: str | None = Field(None, description="Path to a Jinja chat template that overrides the model's.")
+    chat_template: str | None = Field(
+        None, min_length=1, description="Path to a Jinja chat template that overrides the model's."
+    )
 
     @field_validator("source")
     @classmethod
@@ -64,12 +95,14 @@ class ParallelSection(_Strict):
 
 
 class LimitsSection(_Strict):
-    max_model_len: int | None = Field(
-        None, description='Context length in tokens: an integer or "32k"-style text (defaults to the model\'s).'
+    max_model_len: TokenCount = Field(
+        None,
+        description='Context length in tokens: an integer or "32k"-style text (k = 1024). '
+        "Defaults to the model's own context length.",
     )
     max_num_seqs: int = Field(16, ge=1, le=4096, description="Most sequences decoded together.")
-    max_num_batched_tokens: int | None = Field(
-        None, ge=1, description="Most tokens in one engine step (bounds chunked prefill)."
+    max_num_batched_tokens: TokenCount = Field(
+        None, description='Most tokens in one engine step (bounds chunked prefill); an integer or "8k"-style text.'
     )
     gpu_memory_utilization: float = Field(
         0.9, gt=0.0, le=1.0, description="Fraction of each GPU's memory the engine may use."
@@ -85,14 +118,36 @@ class LimitsSection(_Strict):
             raise ValueError(f"must be at least 16 tokens, got {n}")
         return n
 
+    @field_validator("max_num_batched_tokens", mode="before")
+    @classmethod
+    def _parse_batched(cls, v):
+        if v is None:
+            return v
+        n = parse_token_count(v)
+        if n < 1:
+            raise ValueError(f"must be at least 1 token, got {n}")
+        return n
+
 
 class MediaLimit(_Strict):
-    count: int = Field(ge=0, le=64)
-    width: int | None = Field(None, ge=1, le=16384)
-    height: int | None = Field(None, ge=1, le=16384)
+    count: int = Field(ge=0, le=64, description="Items per prompt (0 disables this modality).")
+    width: int | None = Field(None, ge=1, le=16384, description="Largest width in pixels (set with height).")
+    height: int | None = Field(None, ge=1, le=16384, description="Largest height in pixels (set with width).")
 
 
-MediaLimitValue = Union[Annotated[int, Field(ge=0, le=64)], MediaLimit]
+def _media_form(value: Any) -> str:
+    return "<table>" if isinstance(value, (dict, MediaLimit)) else "<count>"
+
+
+# Either a bare count or a table; the discriminator keeps errors to the form the user wrote.
+# Tags start with "<" so that error locations can drop them (g906/recipe/load.py).
+MediaLimitValue = Annotated[
+    Union[
+        Annotated[Annotated[int, Field(ge=0, le=64)], Tag("<count>")],
+        Annotated[MediaLimit, Tag("<table>")],
+    ],
+    Discriminator(_media_form),
+]
 
 
 class MultimodalSection(_Strict):
@@ -106,10 +161,10 @@ class VllmOptions(_Strict):
     python: str | None = Field(None, description="Interpreter whose vLLM to run (python -m vllm...).")
     executable: str | None = Field(None, description="Path of the vllm executable (default: found on PATH).")
     extra_args: list[str] = Field(default_factory=list, description="Extra `vllm serve` arguments, checked against its --help.")
-    skip_mm_profiling: bool = False
-    use_modelscope: bool = False
+    skip_mm_profiling: bool = Field(False, description="Pass --skip-mm-profiling (faster start for multimodal models).")
+    use_modelscope: bool = Field(False, description="Set VLLM_USE_MODELSCOPE=1 (download from ModelScope).")
     gfx906_mobydick_awq: bool = Field(False, description="Set VLLM_ROCM_USE_GFX906_MOBYDICK_AWQ=1 (AWQ on gfx906 forks).")
-    startup_timeout_s: float = Field(900.0, gt=0)
+    startup_timeout_s: float = Field(900.0, gt=0, description="Seconds to wait for vLLM to answer /health.")
 
 
 class EmbeddedOptions(_Strict):
@@ -119,18 +174,20 @@ class EmbeddedOptions(_Strict):
 
 
 class EngineSection(_Strict):
-    kind: Literal["embedded", "vllm"] = "embedded"
-    enforce_eager: bool = Field(False, description="Disable decode graphs.")
+    kind: Literal["embedded", "vllm"] = Field(
+        "embedded", description="embedded = g906's own engine; vllm = hand over to an installed vLLM."
+    )
+    enforce_eager: bool = Field(False, description="Disable decode graphs (CUDA/HIP graphs).")
     reasoning_parser: Literal["none", "qwen3"] = Field(
         "none", description="qwen3 splits <think>...</think> into reasoning_content."
     )
-    embedded: EmbeddedOptions = Field(default_factory=EmbeddedOptions)
-    vllm: VllmOptions = Field(default_factory=VllmOptions)
+    embedded: EmbeddedOptions = Field(default_factory=EmbeddedOptions, description="Options of the embedded engine.")
+    vllm: VllmOptions = Field(default_factory=VllmOptions, description="Options of the vLLM handoff.")
 
 
 class ServerSection(_Strict):
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
+    host: str = Field("127.0.0.1", min_length=1, description="Address to listen on (0.0.0.0 for every interface).")
+    port: int = Field(8000, ge=1, le=65535, description="TCP port of the OpenAI-compatible API.")
     api_key_env: str | None = Field(None, description="Name of the environment variable that holds the API key.")
 
     @field_validator("api_key_env")
@@ -142,29 +199,32 @@ class ServerSection(_Strict):
 
 
 class Recipe(_Strict):
-    model: ModelSection
-    parallel: ParallelSection = Field(default_factory=ParallelSection)
-    limits: LimitsSection = Field(default_factory=LimitsSection)
-    multimodal: MultimodalSection = Field(default_factory=MultimodalSection)
-    engine: EngineSection = Field(default_factory=EngineSection)
-    server: ServerSection = Field(default_factory=ServerSection)
+    """A g906 deployment: which model, on which GPUs, with which limits, served where."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, title="g906 recipe")
+
+    model: ModelSection = Field(description="The model to serve.")
+    parallel: ParallelSection = Field(default_factory=ParallelSection, description="GPUs and tensor parallelism.")
+    limits: LimitsSection = Field(default_factory=LimitsSection, description="Context, batch and memory limits.")
+    multimodal: MultimodalSection = Field(
+        default_factory=MultimodalSection, description="Per-prompt image and video limits."
+    )
+    engine: EngineSection = Field(default_factory=EngineSection, description="Which engine runs the model, and its options.")
+    server: ServerSection = Field(default_factory=ServerSection, description="The OpenAI-compatible HTTP server.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the engine processes.")
 
+    # Where the recipe came from (set by g906.recipe.load): path, text and key positions,
+    # so that resolve() can point at lines too. Not part of the data.
+    _origin: Any = PrivateAttr(default=None)
+
     @model_validator(mode="after")
-    def _cross_fields(self) -> "Recipe":
-        devices = self.parallel.devices
-        if devices is not None:
-            if len(set(devices)) != len(devices):
-                raise ValueError(f"parallel.devices lists a device twice: {devices}")
-            if len(devices) != self.parallel.tensor_parallel_size:
-                raise ValueError(
-                    f"parallel.devices has {len(devices)} entries but parallel.tensor_parallel_size is "
-                    f"{self.parallel.tensor_parallel_size}; they must match"
-                )
-        lim = self.limits
-        if lim.max_num_batched_tokens is not None and lim.max_model_len is not None:
-            pass  # chunked prefill lets max_num_batched_tokens be smaller than max_model_len
-        for key in self.env:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-                raise ValueError(f"env key {key!r} is not a valid environment variable name")
+    def _cross_fields(self, info: ValidationInfo) -> "Recipe":
+        # The loader runs the same checks itself, with line numbers (context skip_cross_fields).
+        if info.context and info.context.get("skip_cross_fields"):
+            return self
+        from g906.recipe.checks import cross_field_problems
+
+        problems = cross_field_problems(self.model_dump(exclude_none=False))
+        if problems:
+            raise ValueError("; ".join(p.message for p in problems))
         return self
