@@ -1,0 +1,429 @@
+"""engine.kind = "vllm": turn a resolved Plan into the exact `vllm serve` command and run it.
+
+Entry points for `g906 up` (see docs/vllm.md):
+
+    install = detect_vllm(python=..., executable=...)      # version + flags, cached
+    problems = check_plan_against_vllm(plan, install)      # [] when vLLM can do what the recipe asks
+    cmd = build_vllm_command(plan, install)                 # VllmCommand(argv, env, display)
+    print(format_dry_run(cmd))                              # --dry-run: copy-paste ready
+    rc = serve(cmd, log_file=..., ready_timeout_s=..., on_phase=...)
+
+The argv follows the gfx906 forks' documented command lines (gfx906-vllm, vllm-gfx906-mobydick):
+`--dtype float16` unless the recipe names another dtype, multimodal limits always spelled out
+(`{"image": 0, "video": 0}` for text-only), the reasoning parser under the name the installed
+vLLM knows (qwen3_5 where the fork has it, else qwen3)."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import shlex
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from g906.backends.errors import (
+    MissingSecretError,
+    PortInUseError,
+    VllmError,
+    VllmNotFoundError,
+    VllmProbeError,
+    VllmStartupError,
+    VllmStartupTimeout,
+    VllmUnsupportedError,
+)
+from g906.backends.supervise import PHASES, serve
+from g906.backends.vllm_detect import VllmInstall, detect_vllm
+from g906.backends.vllm_help import canonical_flag
+
+__all__ = [
+    "VllmCommand", "VllmInstall", "build_vllm_command", "check_plan_against_vllm", "detect_vllm",
+    "detect_vllm_for_plan", "format_dry_run", "serve", "PHASES",
+    "VllmError", "VllmNotFoundError", "VllmProbeError", "VllmUnsupportedError", "MissingSecretError",
+    "PortInUseError", "VllmStartupError", "VllmStartupTimeout",
+]
+
+# Flags g906 sets from the recipe; extra_args may not set them again (the recipe key says where).
+MANAGED_FLAGS: dict[str, str] = {
+    "--model": "model.source",
+    "--served-model-name": "model.name",
+    "--host": "server.host",
+    "--port": "server.port",
+    "--tensor-parallel-size": "parallel.tensor_parallel_size",
+    "--max-model-len": "limits.max_model_len",
+    "--max-num-seqs": "limits.max_num_seqs",
+    "--max-num-batched-tokens": "limits.max_num_batched_tokens",
+    "--gpu-memory-utilization": "limits.gpu_memory_utilization",
+    "--dtype": "model.dtype",
+    "--enforce-eager": "engine.enforce_eager",
+    "--no-enforce-eager": "engine.enforce_eager",
+    "--reasoning-parser": "engine.reasoning_parser",
+    "--enable-reasoning": "engine.reasoning_parser",
+    "--limit-mm-per-prompt": "[multimodal] image / video",
+    "--skip-mm-profiling": "engine.vllm.skip_mm_profiling",
+    "--no-skip-mm-profiling": "engine.vllm.skip_mm_profiling",
+    "--api-key": "server.api_key_env",
+}
+
+# The vLLM parser names that serve recipe value engine.reasoning_parser, best first.
+REASONING_PARSERS: dict[str, list[str]] = {"qwen3": ["qwen3_5", "qwen3"]}
+
+
+@dataclass
+class VllmCommand:
+    """What `g906 up` runs: argv (with secrets), the environment g906 adds, and a safe display."""
+
+    argv: list[str] = field(repr=False)
+    env: dict[str, str]                       # set on top of the inherited environment
+    display: str                              # shell text; secrets appear as "$VAR"
+    unset_env: list[str] = field(default_factory=list)   # removed from the inherited environment
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: str = ""
+    api_key: str | None = field(default=None, repr=False)
+    startup_timeout_s: float = 900.0
+    version: str = "unknown"
+    missing_secrets: list[str] = field(default_factory=list)
+    redacted_argv: list[str] = field(default_factory=list)
+
+    def full_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ if base is None else base)
+        for name in self.unset_env:
+            env.pop(name, None)
+        env.update(self.env)
+        return env
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def detect_vllm_for_plan(plan, *, refresh: bool = False) -> VllmInstall:
+    """detect_vllm with the recipe's engine.vllm.python / engine.vllm.executable."""
+    opts = plan.recipe.engine.vllm
+    return detect_vllm(python=opts.python, executable=opts.executable, refresh=refresh)
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def _model_arg(plan) -> str:
+    if plan.model_path is not None:
+        return str(plan.model_path)
+    return plan.model_source
+
+
+def _vllm_dtype(plan) -> str:
+    # The gfx906 forks run fp16 (no bf16 math on gfx906); "auto" would pick the checkpoint's
+    # bfloat16 and fall back to slow paths, so auto means float16 here.
+    return "float16" if plan.dtype in (None, "", "auto") else plan.dtype
+
+
+def _mm_object(plan) -> dict:
+    obj: dict = {}
+    for modality in ("image", "video"):
+        lim = plan.mm_limits.get(modality)
+        if lim is None or lim.count == 0:
+            obj[modality] = 0
+        elif lim.width is not None or lim.height is not None:
+            entry: dict = {"count": lim.count}
+            if lim.width is not None:
+                entry["width"] = lim.width
+            if lim.height is not None:
+                entry["height"] = lim.height
+            obj[modality] = entry
+        else:
+            obj[modality] = lim.count
+    for modality, lim in plan.mm_limits.items():  # any further modality the plan knows
+        if modality not in obj and lim is not None:
+            obj[modality] = lim.count
+    return obj
+
+
+def _mm_value(plan, install: VllmInstall) -> tuple[str | None, str | None]:
+    """(--limit-mm-per-prompt value, problem)."""
+    if not install.supports("--limit-mm-per-prompt"):
+        if any(lim is not None and lim.count > 0 for lim in plan.mm_limits.values()):
+            return None, (f"{install.describe} has no --limit-mm-per-prompt flag, so it cannot bound the "
+                          f"[multimodal] limits of this recipe")
+        return None, None
+    obj = _mm_object(plan)
+    fmt = install.mm_limit_format
+    has_options = any(isinstance(v, dict) for v in obj.values())
+    if has_options and fmt in ("kv", "json"):
+        return None, (f"{install.describe} takes only counts in --limit-mm-per-prompt, not width/height "
+                      f"(set by [multimodal]); drop width/height or use a vLLM >= 0.11 based fork")
+    if fmt == "kv":
+        return ",".join(f"{k}={v}" for k, v in obj.items()), None
+    return json.dumps(obj), None
+
+
+def _reasoning(plan, install: VllmInstall) -> tuple[str | None, str | None]:
+    """(parser name for this vLLM, problem)."""
+    want = plan.reasoning_parser or "none"
+    if want == "none":
+        return None, None
+    info = install.flag("--reasoning-parser")
+    if info is None:
+        return None, (f"{install.describe} has no --reasoning-parser flag "
+                      f"(engine.reasoning_parser = {want!r}); set it to \"none\" or upgrade vLLM")
+    candidates = REASONING_PARSERS.get(want, [want])
+    if info.choices is None:          # newer vLLM checks the name after parsing (plugins)
+        return candidates[-1], None
+    for name in candidates:
+        if name in info.choices:
+            return name, None
+    return None, (f"{install.describe} has no {' or '.join(candidates)} reasoning parser "
+                  f"(engine.reasoning_parser = {want!r}); it offers: {', '.join(info.choices)}")
+
+
+def _flag_problem(install: VllmInstall, flag: str, key: str) -> str | None:
+    if install.supports(flag):
+        return None
+    return f"{install.describe} has no {flag} flag (needed for {key})"
+
+
+def _is_value_token(tok: str) -> bool:
+    return not tok.startswith("-") or tok == "-" or bool(re.match(r"^-\d|^-\.\d", tok))
+
+
+def _check_extra_args(extra: list[str], install: VllmInstall) -> list[str]:
+    problems: list[str] = []
+    known = sorted({n for n in install.flags if n.startswith("--")})
+    for i, tok in enumerate(extra):
+        if _is_value_token(tok):
+            if i == 0:
+                problems.append(f"engine.vllm.extra_args[0] = {tok!r} is not a flag "
+                                f"(the model comes from model.source)")
+            continue
+        if tok == "--":
+            problems.append("engine.vllm.extra_args may not contain '--'")
+            continue
+        name = canonical_flag(tok)
+        info = install.flag(name)
+        if info is None and re.match(r"^-O[^-]", tok):
+            info = install.flag("-O") or install.flag("--optimization-level")
+        if info is None:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            problems.append(f"engine.vllm.extra_args[{i}]: {install.describe} has no {name} flag{hint}")
+            continue
+        managed = next((n for n in info.names if n in MANAGED_FLAGS), None)
+        if managed:
+            problems.append(f"engine.vllm.extra_args[{i}]: {tok.split('=', 1)[0]} is set by g906 from the "
+                            f"recipe; use {MANAGED_FLAGS[managed]} instead")
+            continue
+        if info.choices:
+            if "=" in tok:
+                j, value = i, tok.split("=", 1)[1]
+            elif i + 1 < len(extra) and _is_value_token(extra[i + 1]):
+                j, value = i + 1, extra[i + 1]
+            else:
+                continue
+            if value not in info.choices:
+                problems.append(f"engine.vllm.extra_args[{j}]: {value!r} is not one of {name}'s choices "
+                                f"({', '.join(info.choices)})")
+    return problems
+
+
+# --------------------------------------------------------------------------- plan -> argv
+
+
+@dataclass
+class _Built:
+    segments: list[list[str]]             # the argv after the command prefix, grouped per flag
+    display_segments: list[list[str]]     # the same with secrets as "$VAR"
+    env: dict[str, str]
+    problems: list[str]
+
+
+def _translate(plan, install: VllmInstall, environ: Mapping[str, str]) -> _Built:
+    problems: list[str] = []
+    segs: list[list[str]] = []
+    disp: list[list[str]] = []
+
+    def add(*tokens: str, shown: list[str] | None = None) -> None:
+        segs.append(list(tokens))
+        disp.append(list(shown) if shown is not None else list(tokens))
+
+    if plan.model_format == "builtin" or plan.model_source.startswith("builtin:"):
+        problems.append(f"vLLM cannot serve the synthetic model {plan.model_source!r}; "
+                        f"use engine.kind = \"embedded\" for builtin models")
+    add("serve", _model_arg(plan))
+
+    def flag(name: str, value: str | None, key: str) -> None:
+        p = _flag_problem(install, name, key)
+        if p:
+            problems.append(p)
+            return
+        if value is None:
+            add(name)
+        else:
+            add(name, value)
+
+    flag("--served-model-name", plan.served_model_name, "model.name")
+    flag("--host", plan.host, "server.host")
+    flag("--port", str(plan.port), "server.port")
+    flag("--tensor-parallel-size", str(plan.tensor_parallel_size), "parallel.tensor_parallel_size")
+    if plan.max_model_len is not None:
+        flag("--max-model-len", str(plan.max_model_len), "limits.max_model_len")
+    flag("--max-num-seqs", str(plan.max_num_seqs), "limits.max_num_seqs")
+    if plan.max_num_batched_tokens is not None:
+        flag("--max-num-batched-tokens", str(plan.max_num_batched_tokens), "limits.max_num_batched_tokens")
+    flag("--gpu-memory-utilization", _num(plan.gpu_memory_utilization), "limits.gpu_memory_utilization")
+
+    dtype = _vllm_dtype(plan)
+    dchoices = install.choices("--dtype")
+    if dchoices is not None and dtype not in dchoices:
+        problems.append(f"{install.describe} does not accept --dtype {dtype} (model.dtype); "
+                        f"it accepts: {', '.join(dchoices)}")
+    else:
+        flag("--dtype", dtype, "model.dtype")
+
+    if plan.enforce_eager:
+        flag("--enforce-eager", None, "engine.enforce_eager")
+
+    parser, problem = _reasoning(plan, install)
+    if problem:
+        problems.append(problem)
+    elif parser:
+        enable = install.flag("--enable-reasoning")
+        if enable is not None and not enable.deprecated:
+            add("--enable-reasoning")       # vLLM 0.8 wants it beside --reasoning-parser
+        add("--reasoning-parser", parser)
+
+    mm, problem = _mm_value(plan, install)
+    if problem:
+        problems.append(problem)
+    elif mm is not None:
+        add("--limit-mm-per-prompt", mm)
+
+    opts = plan.recipe.engine.vllm
+    if opts.skip_mm_profiling:
+        flag("--skip-mm-profiling", None, "engine.vllm.skip_mm_profiling")
+
+    if plan.api_key_env:
+        p = _flag_problem(install, "--api-key", "server.api_key_env")
+        if p:
+            problems.append(p)
+        else:
+            key = environ.get(plan.api_key_env, "")
+            add("--api-key", key, shown=["--api-key", f"${plan.api_key_env}"])
+
+    if opts.extra_args:
+        problems.extend(_check_extra_args(list(opts.extra_args), install))
+        group: list[str] = []
+        for tok in opts.extra_args:
+            if not _is_value_token(tok) and group:
+                add(*group)
+                group = []
+            group.append(tok)
+        if group:
+            add(*group)
+
+    env: dict[str, str] = {}
+    if plan.devices is not None:
+        env["HIP_VISIBLE_DEVICES"] = ",".join(str(d) for d in plan.devices)
+        given = plan.env.get("HIP_VISIBLE_DEVICES")
+        if given is not None and given.replace(" ", "") != env["HIP_VISIBLE_DEVICES"]:
+            problems.append(f"env.HIP_VISIBLE_DEVICES = {given!r} contradicts parallel.devices = "
+                            f"{plan.devices}; set the GPUs in one place")
+    for k, v in plan.env.items():
+        env.setdefault(k, v)
+    if opts.use_modelscope:
+        env["VLLM_USE_MODELSCOPE"] = "true"     # vLLM reads true/false, not 1/0
+    if opts.gfx906_mobydick_awq:
+        env["VLLM_ROCM_USE_GFX906_MOBYDICK_AWQ"] = "1"
+    return _Built(segs, disp, env, problems)
+
+
+def check_plan_against_vllm(plan, install: VllmInstall) -> list[str]:
+    """Everything in the plan the installed vLLM cannot do, one sentence each ([] when fine)."""
+    built = _translate(plan, install, environ={})
+    return built.problems
+
+
+def _display_program(command: list[str]) -> list[str]:
+    exe = command[0]
+    if len(command) == 1:
+        name = Path(exe).name
+        found = shutil.which(name)
+        if found and os.path.realpath(found) == os.path.realpath(exe):
+            return [name]
+    return list(command)
+
+
+def _shell_token(tok: str) -> str:
+    if tok.startswith("$") and tok[1:].replace("_", "a").isalnum():
+        return f'"{tok}"'
+    return shlex.quote(tok)
+
+
+def _render(command: list[str], display_segments: list[list[str]], env: dict[str, str],
+            unset_env: list[str]) -> str:
+    lines: list[str] = []
+    if unset_env:
+        lines.append("env " + " ".join(f"-u {shlex.quote(n)}" for n in unset_env))
+    for k, v in env.items():
+        lines.append(f"{k}={shlex.quote(v)}")
+    prog = " ".join(shlex.quote(t) for t in _display_program(command))
+    first, *rest = display_segments
+    lines.append(prog + " " + " ".join(_shell_token(t) for t in first))
+    for seg in rest:
+        lines.append("  " + " ".join(_shell_token(t) for t in seg))
+    return " \\\n".join(lines)
+
+
+def build_vllm_command(plan, vllm: VllmInstall, *, environ: Mapping[str, str] | None = None,
+                       allow_missing_secret: bool = False) -> VllmCommand:
+    """The exact `vllm serve` command for this plan on this vLLM.
+
+    Raises VllmUnsupportedError (exit 2) listing every problem, and MissingSecretError when
+    server.api_key_env names an unset variable (unless allow_missing_secret, for --dry-run)."""
+    environ = os.environ if environ is None else environ
+    built = _translate(plan, vllm, environ)
+    if built.problems:
+        raise VllmUnsupportedError(
+            f"the recipe asks for {'something' if len(built.problems) == 1 else 'things'} "
+            f"{vllm.describe} cannot do",
+            "change the recipe, or point engine.vllm.python / engine.vllm.executable at a vLLM that can",
+            details=[f"- {p}" for p in built.problems],
+        )
+    missing: list[str] = []
+    api_key = None
+    if plan.api_key_env:
+        api_key = environ.get(plan.api_key_env) or None
+        if api_key is None:
+            if not allow_missing_secret:
+                raise MissingSecretError(
+                    f"server.api_key_env is {plan.api_key_env} but ${plan.api_key_env} is not set (or empty)",
+                    f"export {plan.api_key_env}=<your key> before `g906 up`, or remove server.api_key_env",
+                )
+            missing.append(plan.api_key_env)
+    unset: list[str] = []
+    hip = built.env.get("HIP_VISIBLE_DEVICES")
+    cuda = environ.get("CUDA_VISIBLE_DEVICES")
+    if hip is not None and cuda is not None and cuda != hip and "CUDA_VISIBLE_DEVICES" not in built.env:
+        unset.append("CUDA_VISIBLE_DEVICES")   # vLLM on ROCm insists both agree
+    argv = [*vllm.command, *(t for seg in built.segments for t in seg)]
+    redacted = [*vllm.command, *(t for seg in built.display_segments for t in seg)]
+    display = _render(vllm.command, built.display_segments, built.env, unset)
+    return VllmCommand(
+        argv=argv, env=built.env, display=display, unset_env=unset, host=plan.host, port=plan.port,
+        served_model_name=plan.served_model_name, api_key=api_key,
+        startup_timeout_s=float(plan.recipe.engine.vllm.startup_timeout_s), version=vllm.version,
+        missing_secrets=missing, redacted_argv=redacted,
+    )
+
+
+def format_dry_run(cmd: VllmCommand) -> str:
+    """The command as shell text a user can paste: env assignments, then the quoted argv."""
+    head = f"# vLLM {cmd.version}; OpenAI API on http://{cmd.host}:{cmd.port}/v1 as {cmd.served_model_name!r}"
+    out = [head]
+    for name in cmd.missing_secrets:
+        out.append(f"# ${name} is not set: export it before running this")
+    out.append(cmd.display)
+    return "\n".join(out)

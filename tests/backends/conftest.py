@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from g906.backends import vllm_detect
+
+SRC = Path(__file__).with_name("fake_vllm_src.py")
+
+
+class FakeVllm:
+    def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch):
+        self.root = root
+        self.mp = monkeypatch
+        self.bin = root / "bin"
+        self.bin.mkdir()
+        self.exe = self.bin / "vllm"
+        self.exe.write_text(f"#!{sys.executable}\n" + SRC.read_text())
+        self.exe.chmod(0o755)
+        self.record = root / "record.json"
+        self.signal_log = root / "signals.log"
+        self.calls = root / "calls.log"
+        monkeypatch.setenv("PATH", f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}")
+        monkeypatch.setenv("FAKE_VLLM_RECORD", str(self.record))
+        monkeypatch.setenv("FAKE_VLLM_SIGNAL_LOG", str(self.signal_log))
+        monkeypatch.setenv("FAKE_VLLM_CALLS", str(self.calls))
+        monkeypatch.setenv("G906_CACHE_DIR", str(root / "cache"))
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        monkeypatch.delenv("HIP_VISIBLE_DEVICES", raising=False)
+
+    def set(self, **kw) -> None:
+        for k, v in kw.items():
+            self.mp.setenv(f"FAKE_VLLM_{k.upper()}", str(v))
+
+    def recorded(self) -> dict:
+        return json.loads(self.record.read_text())
+
+    def call_log(self) -> list[str]:
+        return self.calls.read_text().split() if self.calls.exists() else []
+
+    def signals(self) -> list[str]:
+        return self.signal_log.read_text().split() if self.signal_log.exists() else []
+
+    def python_package(self) -> Path:
+        """A fake `vllm` package (for engine.vllm.python = this interpreter); returns PYTHONPATH dir."""
+        site = self.root / "site"
+        pkg = site / "vllm" / "entrypoints" / "cli"
+        pkg.mkdir(parents=True)
+        for d in (site / "vllm", site / "vllm" / "entrypoints", pkg):
+            (d / "__init__.py").write_text("")
+        (pkg / "main.py").write_text(SRC.read_text())
+        self.mp.setenv("PYTHONPATH", str(site))
+        return site
+
+
+@pytest.fixture
+def fake_vllm(tmp_path, monkeypatch) -> FakeVllm:
+    vllm_detect.clear_memo()
+    yield FakeVllm(tmp_path, monkeypatch)
+    vllm_detect.clear_memo()
+
+
+@pytest.fixture
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
