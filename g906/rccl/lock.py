@@ -1,0 +1,51 @@
+"""An exclusive, non-blocking lock per target (flock(2); the kernel drops it when the
+holder dies, so a killed install never leaves a stale lock behind)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from g906.errors import G906Error
+
+
+class TargetLock:
+    def __init__(self, area: Path, lib_dir: Path):
+        self.path = area / "lock"
+        self.lib_dir = lib_dir
+        self._fd: int | None = None
+
+    def acquire(self) -> "TargetLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            except OSError:
+                holder = "unknown"
+            os.close(fd)
+            raise G906Error(
+                f"another g906 rccl command (pid {holder}) is changing {self.lib_dir} right now.",
+                hint="wait for it to finish and run this command again; the lock frees itself when that process ends.",
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            finally:
+                os.close(self._fd)
+                self._fd = None
+
+    def __enter__(self) -> "TargetLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
