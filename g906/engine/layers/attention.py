@@ -1,5 +1,6 @@
 """Gated full attention (Qwen3.5): q_proj yields [q | gate] per head, per-head q/k RMSNorm
-(zero-centred), partial rotary, GQA over the paged KV cache, output * sigmoid(gate), o_proj."""
+(zero-centred), partial rotary, GQA over the paged KV cache, output * sigmoid(gate) (fused into the
+attention op), o_proj."""
 
 from __future__ import annotations
 
@@ -28,27 +29,35 @@ class Attention(nn.Module):
         self.k_cache: torch.Tensor | None = None   # [num_blocks, block_size, Hkv, D], set by bind_cache
         self.v_cache: torch.Tensor | None = None
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary, ctx: ForwardContext) -> torch.Tensor:
         t = x.shape[0]
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
         qg = self.q_proj(x).view(t, h, 2 * d)
-        q, gate = qg[..., :d], qg[..., d:]
-        q = self.q_norm(q.contiguous())
+        q = self.q_norm(qg[..., :d].contiguous())
+        gate = qg[..., d:]
         k = self.k_norm(self.k_proj(x).view(t, hk, d))
         v = self.v_proj(x).view(t, hk, d)
-        ops.rotary_(q, k, cos, sin)
+        rotary(q, k, positions)
         if self.k_cache is None:
-            # no cache bound (e.g. a memory-profiling run): fresh sequences only
-            o = ops.varlen_attention(q, k, v, ctx.cu_seqlens_q, self.scale)
+            # No cache bound (e.g. a memory-profiling run): fresh sequences only; this step's
+            # k/v serve as a paged cache with one token per block.
+            k_cache, v_cache = k.view(t, 1, hk, d), v.view(t, 1, hk, d)
+            cu = ctx.cu_seqlens_q.long()
+            lens = cu[1:] - cu[:-1]
+            cols = torch.arange(int(lens.max()) if t else 0, device=x.device)
+            block_tables = (cu[:-1, None] + cols[None, :]).clamp(max=max(t - 1, 0)).to(torch.int32)
+            return self.o_proj(
+                ops.prefill_attention(q, k_cache, v_cache, block_tables, ctx.cu_seqlens_q, lens.to(torch.int32),
+                                      self.scale, gate=gate).reshape(t, h * d)
+            )
+        ops.store_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        if ctx.is_prefill:
+            o = ops.prefill_attention(
+                q, self.k_cache, self.v_cache, ctx.block_tables, ctx.cu_seqlens_q, ctx.seq_lens, self.scale,
+                gate=gate, max_seqlen_q=ctx.max_seqlen_q,
+            )
         else:
-            ops.store_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
-            if ctx.is_prefill:
-                o = ops.prefill_attention(
-                    q, self.k_cache, self.v_cache, ctx.cu_seqlens_q, ctx.seq_lens, ctx.block_tables, self.scale
-                )
-            else:
-                o = ops.paged_decode_attention(
-                    q, self.k_cache, self.v_cache, ctx.block_tables, ctx.seq_lens, self.scale
-                )
-        o = o.reshape(t, h * d) * torch.sigmoid(gate.reshape(t, h * d))
-        return self.o_proj(o)
+            o = ops.paged_decode_attention(
+                q, self.k_cache, self.v_cache, ctx.block_tables, ctx.seq_lens, self.scale, gate=gate
+            )
+        return self.o_proj(o.reshape(t, h * d))

@@ -12,7 +12,6 @@ tensors are used in the file's order, so either layout computes without re-order
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from g906.engine.context import ForwardContext
 from g906.engine.layers import ops
@@ -79,25 +78,33 @@ class GatedDeltaNet(WeightHolder):
         z = self.in_proj_z(x)
         b = self.in_proj_b(x)
         a = self.in_proj_a(x)
-        w = self.conv1d.weight.reshape(self.conv_dim, -1)
-        if ctx.is_prefill or self.conv_state is None:
-            qkv = ops.causal_conv1d_prefill(
-                qkv, w, self.conv_state, ctx.cu_seqlens_q, ctx.state_slots, ctx.has_initial_state
-            )
+        w = self.conv1d.weight
+        conv_state, ssm_state = self.conv_state, self.ssm_state
+        slots, has_init = ctx.state_slots, ctx.has_initial_state
+        if conv_state is None:
+            # No cache bound (e.g. a memory-profiling run): fresh sequences, throw-away states.
+            nseq = ctx.num_seqs
+            conv_state = qkv.new_zeros(nseq, self.conv_dim, w.shape[1] - 1)
+            ssm_state = torch.zeros(nseq, self.num_v_heads, self.head_k_dim, self.head_v_dim,
+                                    dtype=torch.float32, device=x.device)
+            slots = torch.arange(nseq, dtype=torch.int32, device=x.device)
+            has_init = torch.zeros(nseq, dtype=torch.bool, device=x.device)
+        if ctx.is_prefill:
+            qkv = ops.causal_conv1d_prefill(qkv, w, ctx.cu_seqlens_q, conv_state, slots, has_init)
         else:
-            qkv = ops.causal_conv1d_decode(qkv, w, self.conv_state, ctx.state_slots)
+            qkv = ops.causal_conv1d_decode(qkv, w, conv_state, slots)
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(t, self.num_k_heads, self.head_k_dim)
         k = k.reshape(t, self.num_k_heads, self.head_k_dim)
         v = v.reshape(t, self.num_v_heads, self.head_v_dim)
-        beta = torch.sigmoid(b.float())
-        g = -torch.exp(self.A_log.float()) * F.softplus(a.float() + self.dt_bias.float())
-        if ctx.is_prefill or self.ssm_state is None:
+        if ctx.is_prefill:
             o = ops.gated_delta_rule_prefill(
-                q, k, v, g, beta, self.ssm_state, ctx.cu_seqlens_q, ctx.state_slots, ctx.has_initial_state,
-                head_order=self.head_order,
+                q, k, v, a, b, self.A_log, self.dt_bias, ctx.cu_seqlens_q, ssm_state, slots, has_init,
+                v_head_order=self.head_order,
             )
         else:
-            o = ops.gated_delta_rule_decode(q, k, v, g, beta, self.ssm_state, ctx.state_slots, head_order=self.head_order)
+            o = ops.gated_delta_rule_decode(
+                q, k, v, a, b, self.A_log, self.dt_bias, ssm_state, slots, v_head_order=self.head_order
+            )
         o = self.norm(o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
         return self.out_proj(o.reshape(t, self.value_dim))

@@ -1,7 +1,8 @@
-"""Partial NeoX rotary embedding: cos/sin for the first rotary_dim dims of each head.
+"""Partial NeoX rotary embedding on the first rotary_dim dims of each head.
 
 Text-only positions: Qwen3.5's interleaved M-RoPE reduces to plain rotary when the three
-position streams are equal, which they are for text tokens."""
+position streams are equal, which they are for text tokens. The cos/sin table covers
+max_positions rows ([cos | sin] per row, fp32) and is built once on the model's device."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from g906.engine.layers import ops
 
 
 class RotaryEmbedding:
-    def __init__(self, rotary_dim: int, theta: float):
+    def __init__(self, rotary_dim: int, theta: float, max_positions: int, device):
         self.rotary_dim = rotary_dim
         self.theta = theta
+        self.cos_sin_cache = ops.make_cos_sin_cache(max_positions, rotary_dim, theta, device=device)
 
-    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return ops.rotary_cos_sin(positions, self.rotary_dim, self.theta)
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> None:
+        ops.rotary_(q, k, positions, self.cos_sin_cache, self.rotary_dim)

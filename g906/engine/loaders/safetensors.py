@@ -122,6 +122,10 @@ class HFModelDir:
                 bar.close()
 
     def tokenizer(self):
+        """The directory's tokenizer (g906.engine.tokenizer), or None when it has no
+        tokenizer.json (token-id prompts still work; text prompts need one)."""
+        if not (self.path / "tokenizer.json").is_file():
+            return None
         try:
             from g906.engine.tokenizer import Tokenizer
         except ImportError:

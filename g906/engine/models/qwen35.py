@@ -56,7 +56,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
 
-    def forward(self, x, residual, cos, sin, ctx: ForwardContext):
+    def forward(self, x, residual, positions, rotary, ctx: ForwardContext):
         if residual is None:
             residual = x
             h = self.input_layernorm(x)
@@ -65,25 +65,24 @@ class DecoderLayer(nn.Module):
         if self.layer_type == "linear_attention":
             h = self.linear_attn(h, ctx)
         else:
-            h = self.self_attn(h, cos, sin, ctx)
+            h = self.self_attn(h, positions, rotary, ctx)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
 
 
 class Qwen35TextModel(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device, max_positions: int):
         super().__init__()
         self.embed_tokens = Embedding(config.vocab_size, config.hidden_size, dtype)
         self.layers = nn.ModuleList([DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(config.rotary_dim, config.rope_theta)
+        self.rotary = RotaryEmbedding(config.rotary_dim, config.rope_theta, max_positions, device)
 
     def forward(self, input_ids, positions, ctx):
         x = self.embed_tokens(input_ids)
-        cos, sin = self.rotary.cos_sin(positions)
         residual = None
         for layer in self.layers:
-            x, residual = layer(x, residual, cos, sin, ctx)
+            x, residual = layer(x, residual, positions, self.rotary, ctx)
         x, _ = self.norm(x, residual)
         return x
 
@@ -107,19 +106,21 @@ def _normalise_name(name: str) -> str | None:
 class Qwen35ForCausalLM(nn.Module):
     """Qwen3.5 causal LM.
 
-    Qwen35ForCausalLM(config, dtype=, device=)
+    Qwen35ForCausalLM(config, dtype=, device=, max_positions=None)
       .load_weights(iterable of (hf_name, Tensor | QuantizedTensor)) -> dict (loaded bytes etc.)
       .bind_cache(ModelCache)
       .forward(input_ids [T], positions [T], ctx) -> hidden [T, H]
       .compute_logits(hidden [N, H]) -> float32 [N, V]
     """
 
-    def __init__(self, config: ModelConfig, *, dtype: torch.dtype, device=None):
+    def __init__(self, config: ModelConfig, *, dtype: torch.dtype, device=None, max_positions: int | None = None):
         super().__init__()
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device) if device is not None else torch.device("cpu")
-        self.model = Qwen35TextModel(config, dtype)
+        # rotary table rows: positions the model can be run at (defaults to the config's limit)
+        self.max_positions = int(max_positions or config.max_position_embeddings)
+        self.model = Qwen35TextModel(config, dtype, self.device, self.max_positions)
         self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size)
         self.mtp_weights: dict[str, torch.Tensor | QuantizedTensor] = {}
         self.cache: ModelCache | None = None
