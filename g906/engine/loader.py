@@ -89,7 +89,7 @@ def open_source(source: str):
             from g906.engine import builtin
         except ImportError as exc:
             raise G906Error(f"builtin models are unavailable: {exc}") from None
-        return builtin.open_builtin(source[len("builtin:"):]), "builtin"
+        return _BuiltinSource(builtin, source), "builtin"
     p = Path(source).expanduser()
     if p.is_dir():
         from g906.engine.loaders.safetensors import HFModelDir
@@ -99,7 +99,7 @@ def open_source(source: str):
         if p.suffix.lower() == ".gguf" or _has_gguf_magic(p):
             from g906.engine.loaders.gguf import GGUFModelFile
 
-            return GGUFModelFile(p), "gguf"
+            return GGUFModelFile.open(p), "gguf"
         if p.name == "config.json":
             from g906.engine.loaders.safetensors import HFModelDir
 
@@ -112,6 +112,26 @@ def open_source(source: str):
         f"model source {source!r} does not exist",
         hint="pass a local .gguf file, a Hugging Face model directory, or builtin:tiny-qwen35",
     )
+
+
+class _BuiltinSource:
+    """builtin.load_builtin(name) -> (config, weights, tokenizer, template) as a source object."""
+
+    def __init__(self, builtin, source: str):
+        self._config, self._weights, self._tokenizer, self._template = builtin.load_builtin(source)
+        self.info = dict(builtin.builtin_info(source)) if hasattr(builtin, "builtin_info") else {}
+
+    def config(self):
+        return self._config
+
+    def weights(self):
+        return self._weights
+
+    def tokenizer(self):
+        return self._tokenizer
+
+    def chat_template(self):
+        return self._template
 
 
 def _has_gguf_magic(p: Path) -> bool:
@@ -165,9 +185,13 @@ def load_model(
     }
     for attr in ("total_bytes", "file_bytes"):
         val = getattr(src, attr, None)
+        if callable(val):
+            val = val()
         if isinstance(val, int):
             info["file_bytes"] = val
             break
+    if fmt == "builtin":
+        info.update({k: v for k, v in getattr(src, "info", {}).items() if k not in info})
     return LoadedModel(model, config, tok, template, fmt, info)
 
 
