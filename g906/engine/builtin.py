@@ -193,8 +193,14 @@ CHAT_TEMPLATE = """\
 """
 
 
+@lru_cache(maxsize=1)
+def _shared_tokenizer() -> Tokenizer:
+    return build_tokenizer()
+
+
 def tiny_qwen35_config() -> ModelConfig:
-    tok_size = build_tokenizer().vocab_size
+    tok = _shared_tokenizer()
+    tok_size = tok.vocab_size
     vocab = 512
     assert tok_size <= vocab, tok_size
     return ModelConfig(
@@ -221,8 +227,8 @@ def tiny_qwen35_config() -> ModelConfig:
         tie_word_embeddings=False,
         num_mtp_layers=0,
         bos_token_id=None,
-        eos_token_ids=build_tokenizer().eos_token_ids,
-        pad_token_id=build_tokenizer().pad_token_id,
+        eos_token_ids=list(tok.eos_token_ids),
+        pad_token_id=tok.pad_token_id,
         architecture="qwen35",
     )
 
@@ -294,14 +300,41 @@ def _key(name: str) -> str:
     return key
 
 
+class BuiltinSource:
+    """A builtin model with the loader protocol (config / weights / tokenizer / chat_template)."""
+
+    format = "builtin"
+
+    def __init__(self, name: str):
+        self.key = _key(name)
+        self.name = PREFIX + self.key
+        self.info = builtin_info(self.key)
+        log.warning("%s is a SYNTHETIC model with random weights (smoke tests only): its output is "
+                    "meaningless", self.name)
+        self._config = tiny_qwen35_config()
+
+    def config(self) -> ModelConfig:
+        return self._config
+
+    def weights(self, *, progress: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        return tiny_qwen35_weights(self._config)
+
+    def tokenizer(self) -> Tokenizer:
+        return _shared_tokenizer()
+
+    def chat_template(self) -> str:
+        return CHAT_TEMPLATE
+
+
+def open_builtin(name: str) -> BuiltinSource:
+    return BuiltinSource(name)
+
+
 def load_builtin(name: str) -> tuple[ModelConfig, Iterator[tuple[str, torch.Tensor]], Tokenizer, str]:
     """(config, weights iterator, tokenizer, chat template source) of a builtin synthetic model."""
-    key = _key(name)
-    log.warning("%s%s is a SYNTHETIC model with random weights (smoke tests only): its output is meaningless",
-                PREFIX, key)
-    config = tiny_qwen35_config()
-    return config, tiny_qwen35_weights(config), build_tokenizer(), CHAT_TEMPLATE
+    src = BuiltinSource(name)
+    return src.config(), src.weights(), src.tokenizer(), src.chat_template()
 
 
-__all__ = ["BUILTINS", "CHAT_TEMPLATE", "builtin_info", "build_tokenizer", "is_builtin", "load_builtin",
+__all__ = ["BUILTINS", "BuiltinSource", "CHAT_TEMPLATE", "open_builtin", "builtin_info", "build_tokenizer", "is_builtin", "load_builtin",
            "tiny_qwen35_config", "tiny_qwen35_weights"]

@@ -183,6 +183,27 @@ def _field_value(field) -> Any:
     return v
 
 
+def _check_split_metadata(paths: list[Path], readers: list[Any]) -> None:
+    if len(paths) > 1:
+        f = readers[0].fields.get("split.count")
+        count = _field_value(f) if f is not None else None
+        if count is not None and int(count) != len(paths):
+            raise G906Error(f"{paths[0]}: metadata says split.count={count} but the file names say {len(paths)}")
+        for i, (p, r) in enumerate(zip(paths, readers)):
+            f = r.fields.get("split.no")
+            no = _field_value(f) if f is not None else None
+            if no is not None and int(no) != i:
+                raise G906Error(f"{p}: metadata says this is split part {int(no) + 1}, the name says {i + 1}")
+    else:
+        f = readers[0].fields.get("split.count")
+        if f is not None and int(_field_value(f) or 1) > 1:
+            raise G906Error(
+                f"{paths[0]}: this is part of a {int(_field_value(f))}-file split set but its name "
+                "does not follow NAME-0000k-of-0000N.gguf",
+                hint="keep the original split file names",
+            )
+
+
 class _LazyMetadata(Mapping):
     """Metadata key -> python value, parsed on first access per key (token lists are big)."""
 
@@ -205,7 +226,11 @@ class _LazyMetadata(Mapping):
 class GGUFModelFile:
     """A memory-mapped GGUF model: one file or a complete split set."""
 
-    def __init__(self, paths: list[Path], readers: list[Any]):
+    def __init__(self, path: str | os.PathLike[str]):
+        """Open `path`: a .gguf file or any part of a split set (all parts are opened)."""
+        paths = shard_paths(path)
+        readers = [_open_reader(p) for p in paths]
+        _check_split_metadata(paths, readers)
         self.paths = paths
         self.path = paths[0]
         self._readers = readers
@@ -237,25 +262,7 @@ class GGUFModelFile:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str]) -> "GGUFModelFile":
-        paths = shard_paths(path)
-        readers = [_open_reader(p) for p in paths]
-        if len(paths) > 1:
-            count = _field_value(readers[0].fields["split.count"]) if "split.count" in readers[0].fields else None
-            if count is not None and int(count) != len(paths):
-                raise G906Error(f"{paths[0]}: metadata says split.count={count} but the file names say {len(paths)}")
-            for i, (p, r) in enumerate(zip(paths, readers)):
-                no = _field_value(r.fields["split.no"]) if "split.no" in r.fields else None
-                if no is not None and int(no) != i:
-                    raise G906Error(f"{p}: metadata says this is split part {int(no) + 1}, the name says {i + 1}")
-        else:
-            f = readers[0].fields.get("split.count")
-            if f is not None and int(_field_value(f) or 1) > 1:
-                raise G906Error(
-                    f"{paths[0]}: this is part of a {int(_field_value(f))}-file split set but its name "
-                    "does not follow NAME-0000k-of-0000N.gguf",
-                    hint="keep the original split file names",
-                )
-        return cls(paths, readers)
+        return cls(path)
 
     def __repr__(self) -> str:
         return f"GGUFModelFile({str(self.path)!r}, parts={len(self.paths)}, tensors={len(self._tensors)})"
@@ -292,7 +299,9 @@ class GGUFModelFile:
     def tensor_bytes(self) -> int:
         return sum(int(self._readers[t.reader_index].tensors[t.tensor_index].n_bytes) for t in self._tensors.values())
 
+    @property
     def file_bytes(self) -> int:
+        """Total size of the file(s) on disk."""
         return sum(p.stat().st_size for p in self.paths)
 
     def _check_arch(self) -> None:
@@ -521,7 +530,7 @@ class GGUFModelFile:
 
         return dequantize(raw.reshape(-1, raw.shape[-1]), t.type_name, t.shape)
 
-    def weights(self, *, include_mtp: bool = True) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
+    def weights(self, *, include_mtp: bool = True, progress: bool = False) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
         """(HF name, tensor) pairs with HF semantics (see the module docstring). Dense tensors keep
         the file dtype (float32 for norms and other transformed tensors); quantized 2-D tensors stay
         QuantizedTensor (raw blocks, memory-mapped). Linear-attention V heads stay in file order."""
