@@ -56,6 +56,10 @@ class Plan:
     port: int = 8000
     api_key_env: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    # what resolve() could not settle: located one-line messages, and files that do not exist
+    # (only with resolve(check_files=False); `g906 up` resolves with check_files=True)
+    warnings: list[str] = field(default_factory=list)
+    missing_files: list[Path] = field(default_factory=list)
 
     @property
     def images_enabled(self) -> bool:
@@ -69,4 +73,5 @@ class Plan:
             if isinstance(v, Path):
                 out[k] = str(v)
         out["model_files"] = [str(p) for p in self.model_files]
+        out["missing_files"] = [str(p) for p in self.missing_files]
         return out

@@ -152,7 +152,8 @@ MediaLimitValue = Annotated[
 
 class MultimodalSection(_Strict):
     image: MediaLimitValue | None = Field(
-        None, description="Images per prompt: a count, or {count, width, height} (as vLLM's --limit-mm-per-prompt)."
+        None, description="Images per prompt: a count, or {count, width, height} (as vLLM's --limit-mm-per-prompt). "
+        "Unset or 0: images are off."
     )
     video: MediaLimitValue | None = Field(None, description="Videos per prompt, same forms as image.")
 
@@ -211,7 +212,11 @@ class Recipe(_Strict):
     )
     engine: EngineSection = Field(default_factory=EngineSection, description="Which engine runs the model, and its options.")
     server: ServerSection = Field(default_factory=ServerSection, description="The OpenAI-compatible HTTP server.")
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables for the engine processes.")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra environment variables for the engine processes (string values).",
+        json_schema_extra={"propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}},
+    )
 
     # Where the recipe came from (set by g906.recipe.load): path, text and key positions,
     # so that resolve() can point at lines too. Not part of the data.

@@ -1,0 +1,140 @@
+"""What resolve() needs from GGUF files: the shards of a split set and the header facts
+(architecture, tensor types, layer/head counts). Only headers are read; every failure of a
+corrupt or foreign file becomes a ModelFileError with a message naming the file."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+GGUF_MAGIC = b"GGUF"
+SHARD_RE = re.compile(r"^(?P<stem>.+)-(?P<idx>\d{5})-of-(?P<total>\d{5})\.gguf$", re.IGNORECASE)
+
+
+class ModelFileError(Exception):
+    def __init__(self, message: str, help: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.help = help
+
+
+@dataclass
+class GGUFHeader:
+    path: Path
+    architecture: str | None
+    tensor_types: Counter = field(default_factory=Counter)
+    scalars: dict[str, Any] = field(default_factory=dict)    # every scalar key/value
+    array_lengths: dict[str, int] = field(default_factory=dict)
+
+
+def split_parts(path: Path) -> tuple[str, int, int] | None:
+    """(stem, index, total) for NAME-0000K-of-0000N.gguf, else None."""
+    m = SHARD_RE.match(path.name)
+    if not m:
+        return None
+    return m.group("stem"), int(m.group("idx")), int(m.group("total"))
+
+
+def shard_paths(path: Path) -> list[Path]:
+    """Every file of the set `path` belongs to (just [path] when it is not split)."""
+    parts = split_parts(path)
+    if parts is None:
+        return [path]
+    stem, idx, total = parts
+    if total < 1 or idx < 1 or idx > total:
+        raise ModelFileError(f"{path.name}: shard {idx} of {total} is not a valid split-file name")
+    if idx != 1:
+        first = path.with_name(f"{stem}-{1:05d}-of-{total:05d}.gguf")
+        raise ModelFileError(
+            f"{path.name} is shard {idx} of {total}; model.source must name the first shard",
+            f'source = "{first.name}"',
+        )
+    return [path.with_name(f"{stem}-{k:05d}-of-{total:05d}.gguf") for k in range(1, total + 1)]
+
+
+def check_magic(path: Path) -> None:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as exc:
+        raise ModelFileError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if head != GGUF_MAGIC:
+        shown = "an empty file" if not head else f"it starts with {head!r}"
+        raise ModelFileError(f"{path} is not a GGUF file ({shown}, not b'GGUF')",
+                             "check the path; a GGUF model file starts with the bytes GGUF")
+
+
+def read_header(path: Path) -> GGUFHeader:
+    """Parse a GGUF header with gguf.GGUFReader; any failure is a ModelFileError."""
+    check_magic(path)
+    try:
+        from gguf import GGUFReader, GGUFValueType  # noqa: PLC0415 - numpy-heavy, only when needed
+    except Exception as exc:  # noqa: BLE001
+        raise ModelFileError(f"cannot read GGUF files: the gguf package failed to import ({exc})",
+                             "pip install gguf") from None
+    try:
+        reader = GGUFReader(str(path))
+        header = GGUFHeader(path=path, architecture=None)
+        for name, fld in reader.fields.items():
+            if not fld.types:
+                continue
+            if fld.types[0] == GGUFValueType.ARRAY:
+                header.array_lengths[name] = len(fld.data)
+            else:
+                header.scalars[name] = _plain(fld.contents())
+        for t in reader.tensors:
+            header.tensor_types[t.tensor_type.name] += 1
+    except ModelFileError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a corrupt file must be a message, not a traceback
+        raise ModelFileError(
+            f"{path} is a damaged or truncated GGUF file ({type(exc).__name__}: {exc})",
+            "download it again and compare its size or checksum with the source",
+        ) from None
+    arch = header.scalars.get("general.architecture")
+    header.architecture = arch if isinstance(arch, str) else None
+    return header
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value
+
+
+# GGUF "<arch>.<key>" -> the name used in Plan.model_facts (HF config spelling)
+_FACT_KEYS = {
+    "block_count": "num_hidden_layers",
+    "embedding_length": "hidden_size",
+    "feed_forward_length": "intermediate_size",
+    "attention.head_count": "num_attention_heads",
+    "attention.head_count_kv": "num_key_value_heads",
+    "attention.key_length": "head_dim",
+    "context_length": "context_length",
+    "full_attention_interval": "full_attention_interval",
+    "vocab_size": "vocab_size",
+}
+
+
+def header_facts(header: GGUFHeader) -> dict[str, Any]:
+    """model_facts from a first-shard header: normalised names plus every scalar
+    "<arch>.*" key under "gguf" (without the prefix)."""
+    facts: dict[str, Any] = {}
+    arch = header.architecture or ""
+    raw = {k[len(arch) + 1:]: v for k, v in header.scalars.items() if arch and k.startswith(arch + ".")}
+    for gguf_key, name in _FACT_KEYS.items():
+        v = raw.get(gguf_key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            facts[name] = int(v)
+    if "vocab_size" not in facts and "tokenizer.ggml.tokens" in header.array_lengths:
+        facts["vocab_size"] = header.array_lengths["tokenizer.ggml.tokens"]
+    for key in ("general.name", "general.file_type", "split.count"):
+        if key in header.scalars:
+            facts[key.split(".", 1)[1] if key.startswith("general.") else "split_count"] = header.scalars[key]
+    facts["gguf"] = {k: v for k, v in raw.items() if isinstance(v, (int, float, str, bool))}
+    return facts
