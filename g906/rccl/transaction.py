@@ -10,6 +10,7 @@ complete whenever the manifest names it, and re-running install or rollback fini
 from __future__ import annotations
 
 import os
+import secrets
 import stat
 import sys
 from dataclasses import asdict, dataclass, field
@@ -88,7 +89,8 @@ class RollbackResult:
 # --- helpers ---------------------------------------------------------------------------------
 
 def _txn_id() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{os.getpid()}"
+    """Unique per transaction (never reuses the name of an earlier backup or history folder)."""
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{os.getpid()}-{secrets.token_hex(4)}"
 
 
 def _mode(path: Path) -> int:
