@@ -20,6 +20,7 @@ app = typer.Typer(
 
 # Each module defines register(app). Keep imports in them light: no torch at import time.
 COMMAND_MODULES: list[str] = [
+    "g906.cli.doctor",
     "g906.cli.validate",
     "g906.cli.recipe",
     "g906.cli.rccl",
