@@ -148,7 +148,26 @@ def _killpg(pgid: int, sig: int) -> bool:
 
 
 def _group_alive(pgid: int) -> bool:
-    return _killpg(pgid, 0)
+    """Whether a live (non-zombie) process remains in the group. Zombies whose parent is gone
+    wait for init to reap them (never, in some containers); they hold nothing, so they count as ended."""
+    if not _killpg(pgid, 0):
+        return False
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return True
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        # after the command name: state, ppid, pgrp, ...
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != b"Z":
+            return True
+    return False
 
 
 def _normalise_rc(rc: int) -> int:
