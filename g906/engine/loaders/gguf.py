@@ -373,8 +373,8 @@ class GGUFModelFile:
                 num_attention_heads=n_heads,
                 num_key_value_heads=n_kv,
                 head_dim=head_dim,
-                rms_norm_eps=float(k("attention.layer_norm_rms_epsilon", 1e-6)),
-                rope_theta=float(k("rope.freq_base", 10_000_000.0)),
+                rms_norm_eps=_f32(k("attention.layer_norm_rms_epsilon", 1e-6)),
+                rope_theta=_f32(k("rope.freq_base", 10_000_000.0)),
                 partial_rotary_factor=rope_dim / head_dim,
                 mrope_section=sections,
                 mrope_interleaved=True,
@@ -553,9 +553,12 @@ class GGUFModelFile:
 
     # ------------------------------------------------------------------ tokenizer / template
 
-    def tokenizer(self) -> "Tokenizer":
+    def tokenizer(self) -> "Tokenizer | None":
+        """The tokenizer rebuilt from metadata; None when the file carries no tokenizer."""
         from g906.engine.tokenizer import Tokenizer
 
+        if "tokenizer.ggml.model" not in self.metadata:
+            return None
         try:
             return Tokenizer.from_gguf_metadata(self.metadata)
         except G906Error as exc:
@@ -564,6 +567,11 @@ class GGUFModelFile:
     def chat_template(self) -> str | None:
         v = self.metadata.get("tokenizer.chat_template")
         return v if isinstance(v, str) and v else None
+
+
+def _f32(v: Any) -> float:
+    """A float32 metadata value as the shortest decimal that round-trips (1e-06, not 9.99e-07)."""
+    return float(str(np.float32(v)))
 
 
 def _scalar_heads(v: Any) -> int:
