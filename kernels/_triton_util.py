@@ -1,0 +1,79 @@
+"""Shared helpers for the Triton launchers (imported only on the Triton path)."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+
+
+def next_pow2(n: int) -> int:
+    return triton.next_power_of_2(max(int(n), 1))
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 16  # interpreter: any small number
+    return _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def is_rocm() -> bool:
+    return torch.version.hip is not None
+
+
+def row_warps(block: int) -> int:
+    """num_warps for a one-row-per-program kernel. Valid for 32- and 64-wide waves."""
+    if block >= 8192:
+        return 8
+    if block >= 2048:
+        return 4
+    if block >= 512:
+        return 2
+    return 1
+
+
+def poison() -> bool:
+    """G906_KERNELS_POISON=1: outputs start as NaN (tests), so unwritten elements show."""
+    import os
+
+    return os.environ.get("G906_KERNELS_POISON", "0") == "1"
+
+
+def empty(shape, dtype, device):
+    t = torch.empty(shape, dtype=dtype, device=device)
+    if poison() and t.is_floating_point():
+        t.fill_(float("nan"))
+    return t
+
+
+def empty_like(x):
+    return empty(x.shape, x.dtype, x.device)
+
+
+def _fix_interpreter_scalar_index() -> None:
+    """Triton 3.5's interpreter turns scalars into 1-element arrays and converts them to loop
+    bounds with int(array), which NumPy >= 2.4 refuses for 1-d arrays. Index through the single
+    element instead (interpreter only; compiled kernels are unaffected)."""
+    try:
+        from triton.runtime import interpreter as _interp
+    except Exception:
+        return
+    orig = getattr(_interp, "_patch_lang_tensor", None)
+    if orig is None or getattr(orig, "_g906", False):
+        return
+
+    def patched(tensor):
+        orig(tensor)
+        tensor.__index__ = lambda self: int(self.handle.data.reshape(-1)[0])
+
+    patched._g906 = True
+    _interp._patch_lang_tensor = patched
+
+
+_fix_interpreter_scalar_index()

@@ -1,0 +1,1 @@
+"""SiLU-and-mul for the SwiGLU MLP."""

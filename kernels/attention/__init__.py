@@ -1,0 +1,1 @@
+"""Paged attention: decode (split-K over the sequence) and causal varlen prefill."""

@@ -1,0 +1,269 @@
+"""Triton kernels for paged attention.
+
+Decode: one program per (sequence, kv head, split); each program serves all the query heads of
+its kv head (GQA) over one slice of the sequence with an online softmax, writing either the
+final output (one split) or fp32 partials + log-sum-exp that a second kernel combines (and
+gates). Query heads are scored with tl.dot on CUDA (padded to 16 rows) and with a broadcast
+multiply-reduce elsewhere (ROCm gfx906 has no matrix units: padded dots would waste 4x ALU).
+
+Prefill: one program per (query block, sequence, query head), causal over absolute positions,
+keys/values read from the paged cache through the block table.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._triton_util import is_rocm, next_pow2, num_sms, empty, empty_like
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _load_kv_tile(c_ptr, bt_row_ptr, n, nmask, kh, d, dmask, block_size, s_blk, s_off, s_h):
+    blk = tl.load(bt_row_ptr + n // block_size, mask=nmask, other=0).to(tl.int64)
+    off = (n % block_size).to(tl.int64)
+    ptr = c_ptr + blk[:, None] * s_blk + off[:, None] * s_off + kh * s_h + d[None, :]
+    return tl.load(ptr, mask=nmask[:, None] & dmask[None, :], other=0.0)
+
+
+@triton.jit
+def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, gate_ptr, out_ptr, po_ptr, pl_ptr,
+                   qk_scale, sq_b, sq_h, sk_blk, sk_off, sk_h, sv_blk, sv_off, sv_h, sbt_b,
+                   sg_b, sg_h, so_b, so_h, block_size, split_len, num_splits,
+                   G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                   BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, HAS_GATE: tl.constexpr,
+                   USE_DOT: tl.constexpr, FP32: tl.constexpr):
+    b = tl.program_id(0)
+    kh = tl.program_id(1)
+    sp = tl.program_id(2)
+    seq_len = tl.load(sl_ptr + b)
+    start = sp * split_len
+    end = tl.minimum(start + split_len, seq_len)
+    g = tl.arange(0, BLOCK_G)
+    gmask = g < G
+    hq = kh * G + g
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    b64 = b.to(tl.int64)
+    q = tl.load(q_ptr + b64 * sq_b + hq[:, None] * sq_h + d[None, :],
+                mask=gmask[:, None] & dmask[None, :], other=0.0)
+    if not USE_DOT:
+        q = q.to(tl.float32) * qk_scale
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    bt_row = bt_ptr + b64 * sbt_b
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        nmask = n < end
+        k = _load_kv_tile(kc_ptr, bt_row, n, nmask, kh, d, dmask, block_size, sk_blk, sk_off, sk_h)
+        v = _load_kv_tile(vc_ptr, bt_row, n, nmask, kh, d, dmask, block_size, sv_blk, sv_off, sv_h)
+        if USE_DOT:
+            if FP32:
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+            else:
+                s = tl.dot(q, tl.trans(k)) * qk_scale
+        else:
+            s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
+        s = tl.where(nmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if USE_DOT:
+            if FP32:
+                pv = tl.dot(p, v, input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+        else:
+            pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    omask = gmask[:, None] & dmask[None, :]
+    if DIRECT:
+        o = acc / l_i[:, None]
+        if HAS_GATE:
+            gt = tl.load(gate_ptr + b64 * sg_b + hq[:, None] * sg_h + d[None, :], mask=omask,
+                         other=0.0).to(tl.float32)
+            o = o / (1.0 + tl.exp(-gt))
+        tl.store(out_ptr + b64 * so_b + hq[:, None] * so_h + d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=omask)
+    else:
+        # partials: po [B, Hq, S, D], pl [B, Hq, S]; an empty split leaves lse = -inf
+        row = (b64 * (tl.num_programs(1) * G) + hq) * num_splits + sp
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(po_ptr + row[:, None] * D + d[None, :], o, mask=omask)
+        lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
+        tl.store(pl_ptr + row, lse, mask=gmask)
+
+
+@triton.jit
+def _decode_reduce_kernel(po_ptr, pl_ptr, gate_ptr, out_ptr, num_splits, Hq, sg_b, sg_h, so_b,
+                          so_h, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
+                          HAS_GATE: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    smask = s < num_splits
+    dmask = d < D
+    row0 = (b * Hq + h) * num_splits
+    lse = tl.load(pl_ptr + row0 + s, mask=smask, other=float("-inf"))
+    mx = tl.max(lse, axis=0)
+    w = tl.where(smask & (lse > float("-inf")), tl.exp2(lse - mx), 0.0)
+    o = tl.load(po_ptr + (row0 + s)[:, None] * D + d[None, :], mask=smask[:, None] & dmask[None, :],
+                other=0.0)
+    out = tl.sum(o * w[:, None], axis=0) / tl.sum(w, axis=0)
+    if HAS_GATE:
+        gt = tl.load(gate_ptr + b * sg_b + h * sg_h + d, mask=dmask, other=0.0).to(tl.float32)
+        out = out / (1.0 + tl.exp(-gt))
+    tl.store(out_ptr + b * so_b + h * so_h + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
+
+
+def _decode_config(q, k_cache, block_tables, num_kv, max_seq_len):
+    B, Hq, D = q.shape
+    G = Hq // num_kv
+    use_dot = q.device.type == "cuda" and not is_rocm()
+    if use_dot:
+        BLOCK_G = max(16, next_pow2(G))
+        BLOCK_N = 64 if D <= 128 else 32
+    else:
+        BLOCK_G = next_pow2(G)
+        BLOCK_N = max(4, min(64, 8192 // (BLOCK_G * next_pow2(D))))
+    max_ctx = block_tables.shape[1] * k_cache.shape[1]
+    if max_seq_len is not None:
+        max_ctx = min(max_ctx, int(max_seq_len))
+    max_ctx = max(max_ctx, 1)
+    target = 4 * num_sms(q.device)
+    splits = max(1, min(triton.cdiv(target, B * num_kv), triton.cdiv(max_ctx, 256)))
+    split_len = triton.cdiv(triton.cdiv(max_ctx, splits), BLOCK_N) * BLOCK_N
+    splits = triton.cdiv(max_ctx, split_len)
+    return G, BLOCK_G, BLOCK_N, splits, split_len, use_dot
+
+
+def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None,
+                           max_seq_len=None, num_splits=None):
+    B, Hq, D = q.shape
+    num_kv = k_cache.shape[2]
+    out = empty_like(q)
+    if B == 0:
+        return out
+    G, BLOCK_G, BLOCK_N, splits, split_len, use_dot = _decode_config(
+        q, k_cache, block_tables, num_kv, max_seq_len)
+    if num_splits is not None:  # explicit override (tests / tuning)
+        max_ctx = block_tables.shape[1] * k_cache.shape[1]
+        split_len = triton.cdiv(triton.cdiv(max_ctx, num_splits), BLOCK_N) * BLOCK_N
+        splits = triton.cdiv(max_ctx, split_len)
+    direct = splits == 1
+    if direct:
+        po = pl = out
+    else:
+        po = empty((B, Hq, splits, D), torch.float32, q.device)
+        pl = empty((B, Hq, splits), torch.float32, q.device)
+    g = gate if gate is not None else q
+    BLOCK_D = next_pow2(D)
+    _decode_kernel[(B, num_kv, splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, g, out, po, pl, float(scale) * LOG2E,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+        g.stride(0), g.stride(1), out.stride(0), out.stride(1), k_cache.shape[1], split_len, splits,
+        G=G, BLOCK_G=BLOCK_G, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DIRECT=direct,
+        HAS_GATE=gate is not None, USE_DOT=use_dot, FP32=q.dtype == torch.float32,
+        num_warps=4)
+    if not direct:
+        _decode_reduce_kernel[(B, Hq)](
+            po, pl, g, out, splits, Hq, g.stride(0), g.stride(1), out.stride(0), out.stride(1),
+            D=D, BLOCK_D=BLOCK_D, BLOCK_S=next_pow2(splits), HAS_GATE=gate is not None,
+            num_warps=4)
+    return out
+
+
+@triton.jit
+def _prefill_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, sl_ptr, gate_ptr, out_ptr, qk_scale,
+                    sq_t, sq_h, sk_blk, sk_off, sk_h, sv_blk, sv_off, sv_h, sbt_b, sg_t, sg_h,
+                    so_t, so_h, block_size, G,
+                    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, HAS_GATE: tl.constexpr, FP32: tl.constexpr):
+    mb = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    q_start = tl.load(cu_ptr + b)
+    q_len = tl.load(cu_ptr + b + 1) - q_start
+    if mb * BLOCK_M >= q_len:
+        return
+    seq_len = tl.load(sl_ptr + b)
+    ctx = seq_len - q_len
+    kh = h // G
+    rows = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < q_len
+    d = tl.arange(0, BLOCK_D)
+    dmask = d < D
+    t = (q_start + rows).to(tl.int64)
+    q = tl.load(q_ptr + t[:, None] * sq_t + h * sq_h + d[None, :],
+                mask=rmask[:, None] & dmask[None, :], other=0.0)
+    qpos = ctx + rows
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    end = tl.minimum(seq_len, ctx + (mb + 1) * BLOCK_M)
+    bt_row = bt_ptr + b.to(tl.int64) * sbt_b
+    for n0 in range(0, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        nmask = n < end
+        k = _load_kv_tile(kc_ptr, bt_row, n, nmask, kh, d, dmask, block_size, sk_blk, sk_off, sk_h)
+        v = _load_kv_tile(vc_ptr, bt_row, n, nmask, kh, d, dmask, block_size, sv_blk, sv_off, sv_h)
+        if FP32:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+        else:
+            s = tl.dot(q, tl.trans(k)) * qk_scale
+        s = tl.where(nmask[None, :] & (n[None, :] <= qpos[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if FP32:
+            pv = tl.dot(p, v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    o = acc / l_i[:, None]
+    omask = rmask[:, None] & dmask[None, :]
+    if HAS_GATE:
+        gt = tl.load(gate_ptr + t[:, None] * sg_t + h * sg_h + d[None, :], mask=omask,
+                     other=0.0).to(tl.float32)
+        o = o / (1.0 + tl.exp(-gt))
+    tl.store(out_ptr + t[:, None] * so_t + h * so_h + d[None, :], o.to(out_ptr.dtype.element_ty),
+             mask=omask)
+
+
+def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *,
+                      gate=None, max_seqlen_q=None):
+    T, Hq, D = q.shape
+    B = seq_lens.shape[0]
+    num_kv = k_cache.shape[2]
+    out = empty_like(q)
+    if T == 0 or B == 0:
+        return out
+    if max_seqlen_q is None:
+        max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())
+    BLOCK_D = next_pow2(D)
+    if q.device.type != "cuda":
+        BLOCK_M, BLOCK_N, warps = 16, 16, 4
+    elif is_rocm():
+        BLOCK_M, BLOCK_N, warps = (64, 32, 4) if BLOCK_D <= 128 else (32, 32, 4)
+    else:
+        BLOCK_M, BLOCK_N, warps = (64, 64, 4) if BLOCK_D <= 128 else (64, 32, 8)
+    g = gate if gate is not None else q
+    grid = (triton.cdiv(max_seqlen_q, BLOCK_M), B, Hq)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, g, out, float(scale) * LOG2E,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
+        g.stride(0), g.stride(1), out.stride(0), out.stride(1), k_cache.shape[1], Hq // num_kv,
+        D=D, BLOCK_D=BLOCK_D, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, HAS_GATE=gate is not None,
+        FP32=q.dtype == torch.float32, num_warps=warps)
+    return out

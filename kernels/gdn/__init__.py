@@ -1,0 +1,1 @@
+"""Gated delta rule (Gated DeltaNet linear attention): recurrent decode step, chunked prefill."""

@@ -1,0 +1,1 @@
+"""KV-cache write through a slot mapping into paged blocks."""

@@ -1,0 +1,1 @@
+"""RMSNorm (plain / zero-centred, residual add fused) and gated RMSNorm."""

@@ -1,0 +1,152 @@
+"""Public ops of g906.kernels: one function per hot-path operation.
+
+Each dispatches through the registry (g906.kernels.registry) to its Triton kernel or its
+PyTorch reference: CPU always gets the reference; on a GPU the Triton kernel runs when the
+call is in its range; G906_KERNELS=reference|triton|auto forces a choice.
+See docs/kernels.md for shapes and conventions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import registry
+from .activation import reference as _act
+from .attention import reference as _attn
+from .conv1d import reference as _conv
+from .gdn import reference as _gdn
+from .kv_cache import reference as _kv
+from .linear import reference as _lin
+from .norm import reference as _norm
+from .rotary import reference as _rot
+
+FUSED_QTYPES = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K")
+
+
+def _ok(*tensors) -> bool:
+    return all(t is None or registry.dtype_ok(t) for t in tensors)
+
+
+def _last_contig(*tensors) -> bool:
+    return all(t is None or t.stride(-1) == 1 for t in tensors)
+
+
+def _linear_supports(x, weight, **_):
+    if x.dim() != 2 or not _ok(x) or x.stride(1) != 1:
+        return False
+    if isinstance(weight, torch.Tensor):
+        return (weight.dtype == x.dtype and weight.stride(1) == 1
+                and x.dtype in (torch.float16, torch.float32))
+    return (getattr(weight, "qtype", None) in FUSED_QTYPES and weight.shape[1] % 256 == 0
+            and x.dtype in (torch.float16, torch.float32))
+
+
+registry.register("rms_norm", _norm.rms_norm, "norm.kernel:rms_norm",
+                  lambda x, w, eps, **kw: _ok(x, kw.get("residual")))
+registry.register("gated_rms_norm", _norm.gated_rms_norm, "norm.kernel:gated_rms_norm",
+                  lambda x, z, w, eps: _ok(x, z))
+registry.register("rotary_", _rot.rotary_, "rotary.kernel:rotary_",
+                  lambda q, k, *a: _ok(q, k) and _last_contig(q, k))
+registry.register("silu_and_mul", _act.silu_and_mul, "activation.kernel:silu_and_mul",
+                  lambda x: _ok(x))
+registry.register("store_kv", _kv.store_kv, "kv_cache.kernel:store_kv",
+                  lambda k, v, kc, vc, s: _ok(k, v, kc) and _last_contig(k, v, kc, vc))
+registry.register("paged_decode_attention", _attn.paged_decode_attention,
+                  "attention.kernel:paged_decode_attention",
+                  lambda q, kc, *a, **kw: _ok(q, kc) and q.shape[-1] <= 256
+                  and _last_contig(q, kc, kw.get("gate")))
+registry.register("prefill_attention", _attn.prefill_attention,
+                  "attention.kernel:prefill_attention",
+                  lambda q, kc, *a, **kw: _ok(q, kc) and q.shape[-1] <= 256
+                  and _last_contig(q, kc, kw.get("gate")))
+registry.register("causal_conv1d_prefill", _conv.causal_conv1d_prefill,
+                  "conv1d.kernel:causal_conv1d_prefill",
+                  lambda x, w, cu, st, *a: _ok(x, st) and x.stride(1) == 1 and w.stride(1) == 1)
+registry.register("causal_conv1d_decode", _conv.causal_conv1d_decode,
+                  "conv1d.kernel:causal_conv1d_decode",
+                  lambda x, w, st, *a: _ok(x, st) and x.stride(1) == 1 and w.stride(1) == 1)
+registry.register("gated_delta_rule_decode", _gdn.gated_delta_rule_decode,
+                  "gdn.kernel:gated_delta_rule_decode",
+                  lambda q, k, v, a, b, *r, **kw: _ok(q, k, v) and r[2].dtype == torch.float32
+                  and _last_contig(q, k, v, a, b))
+registry.register("gated_delta_rule_prefill", _gdn.gated_delta_rule_prefill,
+                  "gdn.kernel:gated_delta_rule_prefill",
+                  lambda q, k, v, a, b, *r, **kw: _ok(q, k, v) and r[3].dtype == torch.float32
+                  and _last_contig(q, k, v, a, b) and k.shape[-1] <= 256)
+registry.register("linear", _lin.linear, "linear.kernel:linear", _linear_supports)
+
+
+def rms_norm(x, weight, eps, *, residual=None, zero_centred=False):
+    """RMSNorm over the last dim (fp32 math). With `residual`: returns (norm(x + residual),
+    x + residual). zero_centred: weight applied as (1 + w)."""
+    return registry.dispatch("rms_norm", x, weight, eps, residual=residual,
+                             zero_centred=zero_centred)
+
+
+def gated_rms_norm(x, z, weight, eps):
+    """norm(x) * weight * silu(z), rows of the last dim."""
+    return registry.dispatch("gated_rms_norm", x, z, weight, eps)
+
+
+def rotary_(q, k, positions, cos_sin_cache, rot_dim):
+    """In-place NeoX rotary on the first rot_dim of head_dim of q [T,Hq,D] and k [T,Hk,D]."""
+    return registry.dispatch("rotary_", q, k, positions, cos_sin_cache, rot_dim)
+
+
+def silu_and_mul(x):
+    """silu(x[:, :I]) * x[:, I:] for x [T, 2I]."""
+    return registry.dispatch("silu_and_mul", x)
+
+
+def store_kv(k, v, k_cache, v_cache, slot_mapping):
+    """k_cache/v_cache [num_blocks, block_size, Hk, D][slot] = k/v [T, Hk, D]; slot -1 skips."""
+    return registry.dispatch("store_kv", k, v, k_cache, v_cache, slot_mapping)
+
+
+def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None,
+                           max_seq_len=None):
+    """One query token per sequence: q [B,Hq,D] -> [B,Hq,D]; times sigmoid(gate) if given.
+    max_seq_len (optional) bounds the context so fewer, fuller splits are used."""
+    kw = {"gate": gate}
+    if max_seq_len is not None and registry.choose("paged_decode_attention", q, k_cache) == "triton":
+        kw["max_seq_len"] = max_seq_len
+    return registry.dispatch("paged_decode_attention", q, k_cache, v_cache, block_tables,
+                             seq_lens, scale, **kw)
+
+
+def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, *,
+                      gate=None, max_seqlen_q=None):
+    """Causal varlen attention of the new tokens q [T,Hq,D] over the paged cache."""
+    return registry.dispatch("prefill_attention", q, k_cache, v_cache, block_tables,
+                             cu_seqlens_q, seq_lens, scale, gate=gate, max_seqlen_q=max_seqlen_q)
+
+
+def causal_conv1d_prefill(x, weight, cu_seqlens, conv_states, state_slots, has_initial_state):
+    """silu(causal depthwise conv(x)) for a flat varlen batch; updates conv_states[slot]."""
+    return registry.dispatch("causal_conv1d_prefill", x, weight, cu_seqlens, conv_states,
+                             state_slots, has_initial_state)
+
+
+def causal_conv1d_decode(x, weight, conv_states, state_slots):
+    """One step per sequence: x [B, C] -> [B, C]; conv_states updated in place."""
+    return registry.dispatch("causal_conv1d_decode", x, weight, conv_states, state_slots)
+
+
+def gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, *,
+                            v_head_order="grouped"):
+    """One recurrent step per sequence; ssm_states fp32 [S,Hv,Dk,Dv] updated in place."""
+    return registry.dispatch("gated_delta_rule_decode", q, k, v, a, b, A_log, dt_bias,
+                             ssm_states, state_slots, v_head_order=v_head_order)
+
+
+def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, cu_seqlens, ssm_states, state_slots,
+                             has_initial_state, *, v_head_order="grouped", chunk_size=64):
+    """Chunked gated delta rule over a flat varlen batch; final state -> ssm_states[slot]."""
+    return registry.dispatch("gated_delta_rule_prefill", q, k, v, a, b, A_log, dt_bias,
+                             cu_seqlens, ssm_states, state_slots, has_initial_state,
+                             v_head_order=v_head_order, chunk_size=chunk_size)
+
+
+def linear(x, weight):
+    """x [T, in] @ weight^T: weight dense [out, in] or a QuantizedTensor (GGUF blocks)."""
+    return registry.dispatch("linear", x, weight)

@@ -1,0 +1,1 @@
+"""Partial NeoX-style rotary embedding, in place on q and k."""

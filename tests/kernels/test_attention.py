@@ -1,0 +1,112 @@
+"""Paged decode and prefill attention: Triton vs reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from g906.kernels import registry
+
+from .conftest import DEVICE
+from .util import assert_close, fill_sequences, gpu, needs_gpu, paged_cache, randn
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("splits", [None, 1, 3])
+@pytest.mark.parametrize("with_gate", [False, True])
+def test_paged_decode(dtype, splits, with_gate):
+    g = torch.Generator().manual_seed(10)
+    Hq, Hk, D, bs = 6, 2, 40, 8
+    seq_lens = [1, 37, 70]
+    kc, vc = paged_cache(40, bs, Hk, D, dtype)
+    tables = fill_sequences(kc, vc, seq_lens, g)
+    B = len(seq_lens)
+    q = randn(B, Hq, D, dtype=dtype, gen=g)
+    gate = randn(B, Hq, D, dtype=dtype, gen=g) if with_gate else None
+    sl = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    kw = {"gate": gate}
+    ref = registry.call_reference("paged_decode_attention", q, kc, vc, tables, sl, D ** -0.5, **kw)
+    if splits is not None:
+        kw["num_splits"] = splits
+    out = registry.call_triton("paged_decode_attention", q, kc, vc, tables, sl, D ** -0.5, **kw)
+    assert_close(out, ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("with_gate", [False, True])
+def test_prefill_attention(dtype, with_gate):
+    g = torch.Generator().manual_seed(11)
+    Hq, Hk, D, bs = 4, 2, 32, 8
+    q_lens = [5, 1, 19]
+    ctx = [0, 7, 12]
+    seq_lens = [a + b for a, b in zip(q_lens, ctx)]
+    kc, vc = paged_cache(40, bs, Hk, D, dtype)
+    tables = fill_sequences(kc, vc, seq_lens, g)
+    T = sum(q_lens)
+    q = randn(T, Hq, D, dtype=dtype, gen=g)
+    gate = randn(T, Hq, D, dtype=dtype, gen=g) if with_gate else None
+    cu = torch.tensor([0, 5, 6, 25], dtype=torch.int32, device=DEVICE)
+    sl = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    args = (q, kc, vc, tables, cu, sl, D ** -0.5)
+    out = registry.call_triton("prefill_attention", *args, gate=gate)
+    ref = registry.call_reference("prefill_attention", *args, gate=gate)
+    assert_close(out, ref)
+
+
+def test_decode_equals_prefill_of_one_token():
+    g = torch.Generator().manual_seed(12)
+    Hq, Hk, D, bs = 4, 1, 16, 4
+    kc, vc = paged_cache(12, bs, Hk, D, torch.float32)
+    tables = fill_sequences(kc, vc, [13, 6], g)
+    q = randn(2, Hq, D, gen=g)
+    sl = torch.tensor([13, 6], dtype=torch.int32, device=DEVICE)
+    cu = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEVICE)
+    a = registry.call_triton("paged_decode_attention", q, kc, vc, tables, sl, 0.25)
+    b = registry.call_triton("prefill_attention", q, kc, vc, tables, cu, sl, 0.25)
+    assert_close(a, b)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("ctx", [1024, 8192, 32768])
+@pytest.mark.parametrize("B", [1, 8])
+def test_paged_decode_real_shapes(ctx, B):
+    g = torch.Generator().manual_seed(13)
+    Hq, Hk, D, bs = 16, 4, 256, 16      # Qwen3.5-9B full-attention layer
+    nblk = ctx // bs
+    kc = randn(B * nblk + 1, bs, Hk, D, dtype=torch.float16, gen=g)
+    vc = randn(B * nblk + 1, bs, Hk, D, dtype=torch.float16, gen=g)
+    tables = torch.randperm(B * nblk + 1, generator=g)[: B * nblk].view(B, nblk).to(torch.int32).to(DEVICE)
+    sl = torch.tensor([ctx - 3 * b for b in range(B)], dtype=torch.int32, device=DEVICE)
+    q = randn(B, Hq, D, dtype=torch.float16, gen=g)
+    gate = randn(B, Hq, D, dtype=torch.float16, gen=g)
+    out = registry.call_triton("paged_decode_attention", q, kc, vc, tables, sl, D ** -0.5, gate=gate)
+    ref = registry.call_reference("paged_decode_attention", q, kc, vc, tables, sl, D ** -0.5, gate=gate)
+    assert_close(out, ref)
+
+
+@gpu
+@needs_gpu
+def test_prefill_attention_real_shapes():
+    g = torch.Generator().manual_seed(14)
+    Hq, Hk, D, bs = 16, 4, 256, 16
+    q_lens, ctx = [700, 33, 1024], [0, 500, 2048]
+    seq_lens = [a + b for a, b in zip(q_lens, ctx)]
+    nblk = [(n + bs - 1) // bs for n in seq_lens]
+    total = sum(nblk)
+    kc = randn(total, bs, Hk, D, dtype=torch.float16, gen=g)
+    vc = randn(total, bs, Hk, D, dtype=torch.float16, gen=g)
+    perm = torch.randperm(total, generator=g)
+    tables = torch.zeros(3, max(nblk), dtype=torch.int32)
+    o = 0
+    for b, n in enumerate(nblk):
+        tables[b, :n] = perm[o:o + n]
+        o += n
+    T = sum(q_lens)
+    q = randn(T, Hq, D, dtype=torch.float16, gen=g)
+    gate = randn(T, Hq, D, dtype=torch.float16, gen=g)
+    cu = torch.tensor([0, 700, 733, T], dtype=torch.int32, device=DEVICE)
+    sl = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    args = (q, kc, vc, tables.to(DEVICE), cu, sl, D ** -0.5)
+    assert_close(registry.call_triton("prefill_attention", *args, gate=gate),
+                 registry.call_reference("prefill_attention", *args, gate=gate))

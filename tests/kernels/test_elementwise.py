@@ -1,0 +1,85 @@
+"""Norms, rotary, SiLU-and-mul, KV-cache store: Triton vs reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from g906.kernels import registry
+from g906.kernels.rotary.reference import make_cos_sin_cache
+
+from .conftest import DEVICE
+from .util import assert_close, randn
+
+DTYPES = [torch.float32, torch.float16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("zero_centred", [False, True])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm(dtype, zero_centred, with_residual):
+    g = torch.Generator().manual_seed(1)
+    x = randn(5, 77, dtype=dtype, gen=g)
+    w = randn(77, dtype=dtype, gen=g, scale=0.3)
+    r = randn(5, 77, dtype=dtype, gen=g) if with_residual else None
+    kw = dict(residual=r, zero_centred=zero_centred)
+    out = registry.call_triton("rms_norm", x, w, 1e-6, **kw)
+    ref = registry.call_reference("rms_norm", x, w, 1e-6, **kw)
+    if with_residual:
+        assert_close(out[1], ref[1])
+        assert_close(out[0], ref[0])
+    else:
+        assert_close(out, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gated_rms_norm(dtype):
+    g = torch.Generator().manual_seed(2)
+    x = randn(7, 24, dtype=dtype, gen=g)
+    z = randn(7, 24, dtype=dtype, gen=g)
+    w = randn(24, dtype=dtype, gen=g)
+    assert_close(registry.call_triton("gated_rms_norm", x, z, w, 1e-6),
+                 registry.call_reference("gated_rms_norm", x, z, w, 1e-6))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rot_dim", [8, 32])
+def test_rotary(dtype, rot_dim):
+    g = torch.Generator().manual_seed(3)
+    T, Hq, Hk, D = 6, 5, 2, 32
+    # q, k as views of one fused projection (strided rows), as the model produces them
+    qkv = randn(T, (Hq + Hk) * D, dtype=dtype, gen=g)
+    cache = make_cos_sin_cache(100, rot_dim, base=10000.0, device=DEVICE)
+    pos = torch.tensor([0, 3, 99, 7, 7, 50], dtype=torch.int64, device=DEVICE)
+    q1 = qkv[:, : Hq * D].view(T, Hq, D)
+    k1 = qkv[:, Hq * D:].view(T, Hk, D)
+    q2, k2 = q1.clone(), k1.clone()
+    registry.call_triton("rotary_", q1, k1, pos, cache, rot_dim)
+    registry.call_reference("rotary_", q2, k2, pos, cache, rot_dim)
+    assert_close(q1, q2)
+    assert_close(k1, k2)
+    if rot_dim < D:  # the pass-through part is bit-identical
+        assert torch.equal(q1[..., rot_dim:], q2[..., rot_dim:])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul(dtype):
+    g = torch.Generator().manual_seed(4)
+    x = randn(3, 2 * 1030, dtype=dtype, gen=g)
+    assert_close(registry.call_triton("silu_and_mul", x), registry.call_reference("silu_and_mul", x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_store_kv(dtype):
+    g = torch.Generator().manual_seed(5)
+    T, H, D, nb, bs = 9, 3, 20, 7, 4
+    kv = randn(T, 2, H, D, dtype=dtype, gen=g)
+    k, v = kv[:, 0], kv[:, 1]                                     # strided views
+    slots = torch.tensor([5, -1, 0, 27, 13, -1, 14, 3, 22], dtype=torch.int64, device=DEVICE)
+    caches = [torch.full((nb, bs, H, D), float("nan"), dtype=dtype, device=DEVICE) for _ in range(4)]
+    registry.call_triton("store_kv", k, v, caches[0], caches[1], slots)
+    registry.call_reference("store_kv", k, v, caches[2], caches[3], slots)
+    assert torch.equal(caches[0].isnan(), caches[2].isnan())
+    assert torch.equal(caches[0].nan_to_num(), caches[2].nan_to_num())
+    assert torch.equal(caches[1].nan_to_num(), caches[3].nan_to_num())
+    assert int((~caches[0].isnan()).sum()) == 7 * H * D

@@ -1,0 +1,224 @@
+"""Causal conv1d and the gated delta rule: Triton vs reference (and reference vs recurrence
+vs transformers' Qwen3.5 implementation)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from g906.kernels import registry
+from g906.kernels.gdn.reference import gated_delta_rule_recurrent, kv_head_index
+
+from .conftest import DEVICE
+from .util import assert_close, gpu, needs_gpu, randn
+
+
+def _i32(xs):
+    return torch.tensor(xs, dtype=torch.int32, device=DEVICE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_conv1d_prefill(dtype):
+    g = torch.Generator().manual_seed(20)
+    C, K, S = 37, 4, 5
+    lens = [1, 6, 2, 4]
+    T = sum(lens)
+    xz = randn(T, C + 3, dtype=dtype, gen=g)
+    x = xz[:, :C]                                            # strided rows, as from a projection
+    w = randn(C, K, dtype=dtype, gen=g)
+    cu = _i32([0, 1, 7, 9, 13])
+    slots = _i32([2, 0, 3, 4])
+    init = torch.tensor([True, False, True, False], device=DEVICE)
+    st0 = randn(S, C, K - 1, dtype=dtype, gen=g)
+    st0[1] = float("nan")                                   # a slot nobody owns stays untouched
+    st_t, st_r = st0.clone(), st0.clone()
+    out = registry.call_triton("causal_conv1d_prefill", x, w, cu, st_t, slots, init)
+    ref = registry.call_reference("causal_conv1d_prefill", x, w, cu, st_r, slots, init)
+    assert_close(out, ref)
+    assert torch.isnan(st_t[1]).all()
+    keep = [0, 2, 3, 4]
+    assert_close(st_t[keep], st_r[keep])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_conv1d_decode(dtype):
+    g = torch.Generator().manual_seed(21)
+    B, C, K, S = 3, 37, 4, 4
+    x = randn(B, C, dtype=dtype, gen=g)
+    w = randn(C, K, dtype=dtype, gen=g)
+    slots = _i32([3, 0, 2])
+    st0 = randn(S, C, K - 1, dtype=dtype, gen=g)
+    st_t, st_r = st0.clone(), st0.clone()
+    out = registry.call_triton("causal_conv1d_decode", x, w, st_t, slots)
+    ref = registry.call_reference("causal_conv1d_decode", x, w, st_r, slots)
+    assert_close(out, ref)
+    assert torch.equal(st_t, st_r)
+
+
+def test_conv1d_prefill_then_decode_equals_longer_prefill():
+    g = torch.Generator().manual_seed(22)
+    C, K = 16, 4
+    x = randn(7, C, gen=g)
+    w = randn(C, K, gen=g)
+    st = torch.zeros(1, C, K - 1, device=DEVICE)
+    slot = _i32([0])
+    no = torch.tensor([False], device=DEVICE)
+    full = registry.call_triton("causal_conv1d_prefill", x, w, _i32([0, 7]), st.clone(), slot, no)
+    registry.call_triton("causal_conv1d_prefill", x[:5], w, _i32([0, 5]), st, slot, no)
+    y5 = registry.call_triton("causal_conv1d_decode", x[5:6], w, st, slot)
+    y6 = registry.call_triton("causal_conv1d_decode", x[6:7], w, st, slot)
+    assert_close(torch.cat([y5, y6]), full[5:])
+
+
+def _gdn_inputs(T, Hk, Hv, Dk, Dv, dtype, gen):
+    q = randn(T, Hk, Dk, dtype=dtype, gen=gen)
+    k = randn(T, Hk, Dk, dtype=dtype, gen=gen)
+    v = randn(T, Hv, Dv, dtype=dtype, gen=gen)
+    a = randn(T, Hv, dtype=dtype, gen=gen)
+    b = randn(T, Hv, dtype=dtype, gen=gen)
+    A_log = randn(Hv, gen=gen, scale=0.5)
+    dt_bias = randn(Hv, gen=gen, scale=0.5)
+    return q, k, v, a, b, A_log, dt_bias
+
+
+@pytest.mark.parametrize("order", ["grouped", "tiled"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gdn_decode(order, dtype):
+    g = torch.Generator().manual_seed(30)
+    B, Hk, Hv, Dk, Dv, S = 3, 2, 4, 16, 24, 5
+    q, k, v, a, b, A_log, dt_bias = _gdn_inputs(B, Hk, Hv, Dk, Dv, dtype, g)
+    st0 = randn(S, Hv, Dk, Dv, gen=g, scale=0.3)
+    st0[1] = float("nan")
+    st_t, st_r = st0.clone(), st0.clone()
+    slots = _i32([2, 0, 4])
+    o_t = registry.call_triton("gated_delta_rule_decode", q, k, v, a, b, A_log, dt_bias, st_t, slots,
+                               v_head_order=order)
+    o_r = registry.call_reference("gated_delta_rule_decode", q, k, v, a, b, A_log, dt_bias, st_r,
+                                  slots, v_head_order=order)
+    assert_close(o_t, o_r)
+    assert torch.isnan(st_t[1]).all()
+    assert_close(st_t[[0, 2, 3, 4]], st_r[[0, 2, 3, 4]], tol=1e-5)
+
+
+PREFILL_CASES = [  # lens, chunk_size
+    ([1, 20, 37], 16),
+    ([70], 64),
+]
+
+
+@pytest.mark.parametrize("lens,chunk", PREFILL_CASES)
+@pytest.mark.parametrize("order", ["grouped", "tiled"])
+def test_gdn_prefill(lens, chunk, order):
+    g = torch.Generator().manual_seed(31)
+    Hk, Hv, Dk, Dv, S = 2, 4, 16, 24, 5
+    T = sum(lens)
+    q, k, v, a, b, A_log, dt_bias = _gdn_inputs(T, Hk, Hv, Dk, Dv, torch.float32, g)
+    cu = _i32([0] + torch.tensor(lens).cumsum(0).tolist())
+    B = len(lens)
+    slots = _i32([3, 0, 4][:B])
+    init = torch.tensor([True, False, True][:B], device=DEVICE)
+    st0 = randn(S, Hv, Dk, Dv, gen=g, scale=0.3)
+    st0[1] = float("nan")
+    sts = [st0.clone() for _ in range(3)]
+    args = (q, k, v, a, b, A_log, dt_bias, cu)
+    o_t = registry.call_triton("gated_delta_rule_prefill", *args, sts[0], slots, init,
+                               v_head_order=order, chunk_size=chunk)
+    o_r = registry.call_reference("gated_delta_rule_prefill", *args, sts[1], slots, init,
+                                  v_head_order=order, chunk_size=chunk)
+    o_rec = gated_delta_rule_recurrent(*args, sts[2], slots, init, v_head_order=order)
+    assert_close(o_r, o_rec)
+    assert_close(o_t, o_r)
+    used = slots.tolist()
+    assert_close(sts[1][used], sts[2][used])
+    assert_close(sts[0][used], sts[1][used])
+    assert torch.isnan(sts[0][1]).all()
+
+
+def test_gdn_prefill_fp16_inputs():
+    g = torch.Generator().manual_seed(32)
+    Hk, Hv, Dk, Dv = 1, 2, 16, 16
+    q, k, v, a, b, A_log, dt_bias = _gdn_inputs(21, Hk, Hv, Dk, Dv, torch.float16, g)
+    cu, slots, init = _i32([0, 21]), _i32([0]), torch.tensor([False], device=DEVICE)
+    st = [torch.zeros(1, Hv, Dk, Dv, device=DEVICE) for _ in range(2)]
+    args = (q, k, v, a, b, A_log, dt_bias, cu)
+    o_t = registry.call_triton("gated_delta_rule_prefill", *args, st[0], slots, init, chunk_size=16)
+    o_r = registry.call_reference("gated_delta_rule_prefill", *args, st[1], slots, init, chunk_size=16)
+    assert_close(o_t, o_r)
+
+
+def test_gdn_prefill_then_decode_equals_recurrence():
+    g = torch.Generator().manual_seed(33)
+    Hk, Hv, Dk, Dv = 1, 2, 16, 16
+    q, k, v, a, b, A_log, dt_bias = _gdn_inputs(19, Hk, Hv, Dk, Dv, torch.float32, g)
+    slots, init = _i32([0]), torch.tensor([False], device=DEVICE)
+    st = torch.zeros(1, Hv, Dk, Dv, device=DEVICE)
+    o1 = registry.call_triton("gated_delta_rule_prefill", q[:17], k[:17], v[:17], a[:17], b[:17],
+                              A_log, dt_bias, _i32([0, 17]), st, slots, init, chunk_size=16)
+    o2 = [registry.call_triton("gated_delta_rule_decode", q[i:i + 1], k[i:i + 1], v[i:i + 1],
+                               a[i:i + 1], b[i:i + 1], A_log, dt_bias, st, slots) for i in (17, 18)]
+    st_ref = torch.zeros(1, Hv, Dk, Dv, device=DEVICE)
+    ref = gated_delta_rule_recurrent(q, k, v, a, b, A_log, dt_bias, _i32([0, 19]), st_ref, slots, init)
+    assert_close(torch.cat([o1] + o2), ref)
+    assert_close(st, st_ref)
+
+
+def test_reference_matches_transformers():
+    mod = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(34)
+    Hk, Hv, Dk, Dv, L = 2, 4, 16, 24, 45
+    q, k, v, a, b, A_log, dt_bias = _gdn_inputs(L, Hk, Hv, Dk, Dv, torch.float32, g)
+    q, k, v, a, b, A_log, dt_bias = (t.cpu() for t in (q, k, v, a, b, A_log, dt_bias))
+    st = torch.randn(1, Hv, Dk, Dv, generator=g) * 0.3
+    beta = b.sigmoid()
+    gg = -A_log.exp() * F.softplus(a + dt_bias)
+    hf_o, hf_s = mod.torch_chunk_gated_delta_rule(
+        q[None], k[None], v[None], g=gg[None], beta=beta[None], chunk_size=16,
+        initial_state=st.clone(), output_final_state=True, use_qk_l2norm_in_kernel=True)
+    mine_st = st.clone()
+    o = registry.call_reference("gated_delta_rule_prefill", q, k, v, a, b, A_log, dt_bias,
+                                torch.tensor([0, L], dtype=torch.int32), mine_st,
+                                torch.tensor([0], dtype=torch.int32), torch.tensor([True]),
+                                v_head_order="grouped", chunk_size=16)
+    assert_close(o, hf_o[0])
+    assert_close(mine_st, hf_s)
+
+
+def test_tiled_order_is_a_head_permutation_of_grouped():
+    # v head j in tiled order uses k head j % Hk; permuting v-side tensors maps one to the other
+    Hk, Hv = 2, 6
+    grouped = kv_head_index(Hv, Hk, "grouped").tolist()
+    tiled = kv_head_index(Hv, Hk, "tiled").tolist()
+    assert grouped == [0, 0, 0, 1, 1, 1] and tiled == [0, 1, 0, 1, 0, 1]
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("order", ["grouped", "tiled"])
+def test_gdn_real_shapes(order):
+    g = torch.Generator().manual_seed(35)
+    Hk, Hv, Dk, Dv = 16, 32, 128, 128        # Qwen3.5-9B linear-attention layer
+    lens = [300, 1, 1100]
+    T = sum(lens)
+    q, k, v, a, b, A_log, dt_bias = _gdn_inputs(T, Hk, Hv, Dk, Dv, torch.float16, g)
+    cu = _i32([0] + torch.tensor(lens).cumsum(0).tolist())
+    slots, init = _i32([2, 0, 1]), torch.tensor([True, False, True], device=DEVICE)
+    st0 = randn(3, Hv, Dk, Dv, gen=g, scale=0.1)
+    s1, s2 = st0.clone(), st0.clone()
+    args = (q, k, v, a, b, A_log, dt_bias, cu)
+    o_t = registry.call_triton("gated_delta_rule_prefill", *args, s1, slots, init, v_head_order=order)
+    o_r = registry.call_reference("gated_delta_rule_prefill", *args, s2, slots, init, v_head_order=order)
+    assert_close(o_t, o_r)
+    assert_close(s1, s2, tol=1e-4)
+    B = 32
+    qd, kd, vd, ad, bd, _, _ = _gdn_inputs(B, Hk, Hv, Dk, Dv, torch.float16, g)
+    sd = randn(B, Hv, Dk, Dv, gen=g, scale=0.1)
+    s1, s2 = sd.clone(), sd.clone()
+    sl = torch.randperm(B, generator=g).to(torch.int32).to(DEVICE)
+    o_t = registry.call_triton("gated_delta_rule_decode", qd, kd, vd, ad, bd, A_log, dt_bias, s1, sl,
+                               v_head_order=order)
+    o_r = registry.call_reference("gated_delta_rule_decode", qd, kd, vd, ad, bd, A_log, dt_bias, s2,
+                                  sl, v_head_order=order)
+    assert_close(o_t, o_r)
+    assert_close(s1, s2, tol=1e-5)
