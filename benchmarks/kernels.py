@@ -1,0 +1,337 @@
+"""Benchmark g906.kernels on real Qwen3.5 layer shapes against the PyTorch references.
+
+    python benchmarks/kernels.py [--quick] [--only gemv,qgemv,decode,gdn,...] [--json out.json]
+
+Measures the device's copy bandwidth first (a large device-to-device copy, bytes read +
+written), then for every kernel prints time (median, CUDA-graph replay for the Triton
+kernels so launch gaps do not count), the bytes it must move at least, achieved GB/s, % of the
+copy bandwidth, and the same for the PyTorch reference. Needs a GPU (CUDA or ROCm).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import triton  # noqa: E402
+import triton.testing  # noqa: E402
+
+from g906.engine.weights import QuantizedTensor  # noqa: E402
+from g906.kernels import registry  # noqa: E402
+from g906.kernels.linear import kernel as linear_kernel  # noqa: E402
+from g906.kernels.linear.reference import BLOCKS  # noqa: E402
+
+# Qwen3.5 text shapes (HF config.json: hidden, intermediate, q heads, kv heads, head_dim,
+# linear-attention k heads / v heads, head dims 128).
+MODELS = {
+    "0.8B": dict(hidden=1024, inter=3584, hq=8, hk=2, hd=256, lk=16, lv=16),
+    "9B": dict(hidden=4096, inter=12288, hq=16, hk=4, hd=256, lk=16, lv=32),
+    "27B": dict(hidden=5120, inter=17408, hq=24, hk=4, hd=256, lk=16, lv=48),
+}
+ROWS: list[dict] = []
+COPY_BW = 0.0
+
+
+def bench_graph(fn, rep=100):
+    """Median ms of fn replayed in a CUDA graph (falls back to plain do_bench)."""
+    fn()
+    torch.cuda.synchronize()
+    try:
+        return triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median")
+    except Exception:
+        return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")
+
+
+def bench_plain(fn, rep=100):
+    fn()
+    torch.cuda.synchronize()
+    return triton.testing.do_bench(fn, warmup=10, rep=rep, return_mode="median")
+
+
+def copy_bandwidth():
+    n = 2 * 1024 ** 3 // 2
+    a = torch.randn(n, dtype=torch.float16, device="cuda")
+    b = torch.empty_like(a)
+    ms = bench_plain(lambda: b.copy_(a), rep=200)
+    bw = 2 * a.numel() * 2 / (ms * 1e-3) / 1e9
+    del a, b
+    torch.cuda.empty_cache()
+    return bw
+
+
+def record(group, name, nbytes, ms_kernel, ms_ref=None, note="", flops=None):
+    gbs = nbytes / (ms_kernel * 1e-3) / 1e9
+    row = dict(group=group, name=name, bytes=nbytes, ms=ms_kernel, gbs=gbs,
+               pct=100 * gbs / COPY_BW, note=note)
+    if ms_ref is not None:
+        row["ref_ms"] = ms_ref
+        row["ref_gbs"] = nbytes / (ms_ref * 1e-3) / 1e9
+        row["ref_pct"] = 100 * row["ref_gbs"] / COPY_BW
+    if flops is not None:
+        row["tflops"] = flops / (ms_kernel * 1e-3) / 1e12
+    ROWS.append(row)
+    ref = (f"  ref {ms_ref * 1e3:9.1f} us {row['ref_gbs']:7.0f} GB/s {row['ref_pct']:5.1f}%"
+           if ms_ref is not None else "")
+    tf = f"  {row['tflops']:.1f} TFLOP/s" if flops is not None else ""
+    print(f"{group:8s} {name:44s} {ms_kernel * 1e3:9.1f} us {gbs:7.0f} GB/s {row['pct']:5.1f}%"
+          f"{ref}{tf} {note}", flush=True)
+
+
+def rand_blocks(rows, cols, qtype):
+    """Random GGUF blocks with finite fp16 scales (bytes elsewhere random), on the GPU."""
+    be, bb = BLOCKS[qtype]
+    nb = rows * cols // be
+    raw = torch.randint(0, 256, (nb, bb), dtype=torch.uint8, device="cuda")
+    def put(off, lo, hi):
+        v = (torch.rand(nb, device="cuda") * (hi - lo) + lo).half()
+        raw[:, off:off + 2] = v.view(torch.uint8).view(nb, 2)
+    if qtype in ("Q8_0", "Q4_0"):
+        put(0, -0.02, 0.02)
+    elif qtype in ("Q4_K", "Q5_K"):
+        put(0, 0.0, 0.003)
+        put(2, 0.0, 0.003)
+    elif qtype == "Q6_K":
+        put(208, -0.002, 0.002)
+    return QuantizedTensor(raw.view(rows, cols // be * bb), qtype, (rows, cols))
+
+
+def bench_gemv(quick):
+    shapes = [("9B", 12288, 4096), ("9B", 4096, 12288)]
+    if not quick:
+        shapes += [("0.8B", 3584, 1024), ("0.8B", 1024, 3584), ("27B", 17408, 5120),
+                   ("27B", 5120, 17408)]
+    sweep = [dict(BLOCK_N=n, BLOCK_K=k, num_warps=w) for n, k, w in
+             ((16, 256, 4), (8, 256, 4), (4, 256, 4), (8, 512, 4), (4, 512, 4), (16, 128, 4),
+              (8, 256, 8), (32, 128, 4), (4, 1024, 8))]
+    for model, N, K in shapes:
+        w = torch.randn(N, K, dtype=torch.float16, device="cuda") * 0.02
+        for T in (1, 8, 32):
+            x = torch.randn(T, K, dtype=torch.float16, device="cuda")
+            nbytes = N * K * 2 + T * (K + N) * 2
+            ms_ref = bench_graph(lambda: x @ w.t())
+            ms = bench_graph(lambda: registry.call_triton("linear", x, w))
+            note = "(cuBLAS, T>16)" if T > 16 else ""
+            best = ""
+            if T == 1 and (model == "9B" or not quick):
+                results = []
+                for cfg in sweep:
+                    try:
+                        t = bench_graph(lambda: linear_kernel.dense_gemv(x, w, **cfg))
+                        results.append((t, cfg))
+                    except Exception as e:  # a config may not compile on every target
+                        print("   config", cfg, "failed:", type(e).__name__)
+                results.sort(key=lambda r: r[0])
+                if results:
+                    ms = min(ms, results[0][0])
+                    best = f"best {results[0][1]}"
+            record("gemv", f"{model} fp16 {N}x{K} T={T}", nbytes, ms, ms_ref, note or best)
+        del w
+
+
+def bench_qgemv(quick):
+    types = ["Q8_0", "Q4_K", "Q6_K", "Q5_K", "Q4_0"]
+    shapes = [("9B", 12288, 4096), ("9B", 4096, 12288)]
+    if not quick:
+        shapes += [("27B", 17408, 5120), ("27B", 5120, 17408)]
+    sweep = [dict(BLOCK_N=n, num_warps=w) for n, w in
+             ((16, 4), (8, 4), (4, 4), (32, 4), (8, 2), (16, 8), (32, 8), (4, 2))]
+    for model, N, K in shapes:
+        for qt in types:
+            if model == "27B" and qt not in ("Q4_K", "Q6_K"):
+                continue
+            w = rand_blocks(N, K, qt)
+            for T in (1, 8, 32):
+                x = torch.randn(T, K, dtype=torch.float16, device="cuda")
+                nbytes = w.nbytes + T * (K + N) * 2
+                ms_ref = bench_plain(lambda: registry.call_reference("linear", x, w), rep=50) \
+                    if T == 1 else None
+                ms = bench_graph(lambda: registry.call_triton("linear", x, w))
+                best = ""
+                if T == 1 and model == "9B":
+                    results = []
+                    for cfg in sweep:
+                        try:
+                            t = bench_graph(lambda: linear_kernel.quant_matmul(x, w, **dict(cfg)))
+                            results.append((t, cfg))
+                        except Exception as e:
+                            print("   config", cfg, "failed:", type(e).__name__)
+                    results.sort(key=lambda r: r[0])
+                    if results:
+                        ms = min(ms, results[0][0])
+                        best = f"best {results[0][1]}"
+                note = "(tiled GEMM)" if T > 16 else best
+                flops = 2 * T * N * K if T > 16 else None
+                record("qgemv", f"{model} {qt} {N}x{K} T={T}", nbytes, ms, ms_ref, note, flops)
+            del w
+
+
+def _paged(B, ctx, hk, D, bs=16):
+    nblk = ctx // bs
+    total = B * nblk
+    kc = torch.randn(total, bs, hk, D, dtype=torch.float16, device="cuda")
+    vc = torch.randn(total, bs, hk, D, dtype=torch.float16, device="cuda")
+    tables = torch.randperm(total, device="cuda").view(B, nblk).to(torch.int32)
+    sl = torch.full((B,), ctx, dtype=torch.int32, device="cuda")
+    return kc, vc, tables, sl
+
+
+def bench_decode_attention(quick):
+    models = ["9B"] if quick else ["0.8B", "9B", "27B"]
+    for model in models:
+        m = MODELS[model]
+        for B in (1, 8, 32):
+            for ctx in (1024, 8192, 32768):
+                kc, vc, tables, sl = _paged(B, ctx, m["hk"], m["hd"])
+                q = torch.randn(B, m["hq"], m["hd"], dtype=torch.float16, device="cuda")
+                gate = torch.randn_like(q)
+                scale = m["hd"] ** -0.5
+                nbytes = 2 * B * ctx * m["hk"] * m["hd"] * 2 + 3 * q.numel() * 2
+                ms = bench_graph(lambda: registry.call_triton(
+                    "paged_decode_attention", q, kc, vc, tables, sl, scale, gate=gate))
+                ms_ref = None
+                if B == 1 or not quick:
+                    ms_ref = bench_plain(lambda: registry.call_reference(
+                        "paged_decode_attention", q, kc, vc, tables, sl, scale, gate=gate), rep=50)
+                record("decode", f"{model} attn B={B} ctx={ctx}", nbytes, ms, ms_ref)
+                del kc, vc
+        torch.cuda.empty_cache()
+
+
+def _gdn_decode_inputs(B, m):
+    hk, hv, d = m["lk"], m["lv"], 128
+    q = torch.randn(B, hk, d, dtype=torch.float16, device="cuda")
+    k = torch.randn(B, hk, d, dtype=torch.float16, device="cuda")
+    v = torch.randn(B, hv, d, dtype=torch.float16, device="cuda")
+    a = torch.randn(B, hv, dtype=torch.float16, device="cuda")
+    b = torch.randn(B, hv, dtype=torch.float16, device="cuda")
+    A_log = torch.randn(hv, device="cuda") * 0.5
+    dt = torch.randn(hv, device="cuda") * 0.5
+    st = torch.randn(max(B, 64), hv, d, d, device="cuda") * 0.05
+    slots = torch.randperm(max(B, 64), device="cuda")[:B].to(torch.int32)
+    return q, k, v, a, b, A_log, dt, st, slots
+
+
+def bench_gdn(quick):
+    models = ["9B"] if quick else ["0.8B", "9B", "27B"]
+    for model in models:
+        m = MODELS[model]
+        for B in (1, 8, 32):
+            q, k, v, a, b, A_log, dt, st, slots = _gdn_decode_inputs(B, m)
+            nbytes = 2 * B * m["lv"] * 128 * 128 * 4 + (q.numel() + k.numel() + 2 * v.numel()) * 2
+            ms = bench_graph(lambda: registry.call_triton(
+                "gated_delta_rule_decode", q, k, v, a, b, A_log, dt, st, slots))
+            ms_ref = bench_graph(lambda: registry.call_reference(
+                "gated_delta_rule_decode", q, k, v, a, b, A_log, dt, st, slots))
+            record("gdn", f"{model} gdn-decode B={B}", nbytes, ms, ms_ref)
+        # conv1d decode step on the same layer
+        C = 2 * m["lk"] * 128 + m["lv"] * 128
+        for B in (1, 32):
+            x = torch.randn(B, C, dtype=torch.float16, device="cuda")
+            w = torch.randn(C, 4, dtype=torch.float16, device="cuda")
+            cst = torch.randn(64, C, 3, dtype=torch.float16, device="cuda")
+            slots = torch.arange(B, dtype=torch.int32, device="cuda")
+            nbytes = B * C * 2 * 2 + 2 * B * C * 3 * 2 + C * 8
+            ms = bench_graph(lambda: registry.call_triton("causal_conv1d_decode", x, w, cst, slots))
+            ms_ref = bench_graph(lambda: registry.call_reference("causal_conv1d_decode", x, w, cst, slots))
+            record("conv", f"{model} conv1d-decode B={B} C={C}", nbytes, ms, ms_ref)
+    # prefill (chunked) on the 9B layer: one 4k sequence and 4 x 1k
+    m = MODELS["9B"]
+    for lens in ([4096], [1024] * 4):
+        T = sum(lens)
+        hk, hv, d = m["lk"], m["lv"], 128
+        q = torch.randn(T, hk, d, dtype=torch.float16, device="cuda")
+        k = torch.randn(T, hk, d, dtype=torch.float16, device="cuda")
+        v = torch.randn(T, hv, d, dtype=torch.float16, device="cuda")
+        a = torch.randn(T, hv, dtype=torch.float16, device="cuda")
+        b = torch.randn(T, hv, dtype=torch.float16, device="cuda")
+        A_log = torch.randn(hv, device="cuda") * 0.5
+        dt = torch.randn(hv, device="cuda") * 0.5
+        st = torch.zeros(len(lens), hv, d, d, device="cuda")
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+        slots = torch.arange(len(lens), dtype=torch.int32, device="cuda")
+        init = torch.zeros(len(lens), dtype=torch.bool, device="cuda")
+        args = (q, k, v, a, b, A_log, dt, cu, st, slots, init)
+        ms = bench_plain(lambda: registry.call_triton("gated_delta_rule_prefill", *args), rep=200)
+        ms_ref = bench_plain(lambda: registry.call_reference("gated_delta_rule_prefill", *args), rep=200)
+        nbytes = (q.numel() + k.numel() + 2 * v.numel()) * 2 + 2 * st.numel() * 4
+        record("gdn", f"9B gdn-prefill lens={lens[0]}x{len(lens)}", nbytes, ms, ms_ref,
+               f"{T / (ms * 1e-3) / 1e3:.0f}k tok/s (ref {T / (ms_ref * 1e-3) / 1e3:.0f}k)")
+
+
+def bench_prefill_attention(quick):
+    m = MODELS["9B"]
+    for lens in ([4096], [1024] * 4):
+        T = sum(lens)
+        bs = 16
+        kc, vc, tables, sl = _paged(len(lens), max(lens), m["hk"], m["hd"], bs)
+        q = torch.randn(T, m["hq"], m["hd"], dtype=torch.float16, device="cuda")
+        gate = torch.randn_like(q)
+        cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+        args = (q, kc, vc, tables, cu, sl, m["hd"] ** -0.5)
+        ms = bench_graph(lambda: registry.call_triton("prefill_attention", *args, gate=gate,
+                                                      max_seqlen_q=max(lens)))
+        ms_ref = bench_plain(lambda: registry.call_reference("prefill_attention", *args, gate=gate), rep=50)
+        flops = sum(4 * n * n / 2 * m["hd"] * m["hq"] for n in lens)
+        nbytes = 3 * q.numel() * 2 + 2 * T * m["hk"] * m["hd"] * 2
+        record("prefill", f"9B attn lens={lens[0]}x{len(lens)}", nbytes, ms, ms_ref, flops=flops)
+
+
+def bench_elementwise(quick):
+    for H, T in ((4096, 1), (4096, 32), (5120, 4096)):
+        x = torch.randn(T, H, dtype=torch.float16, device="cuda")
+        r = torch.randn_like(x)
+        w = torch.randn(H, dtype=torch.float16, device="cuda")
+        nbytes = 4 * x.numel() * 2
+        ms = bench_graph(lambda: registry.call_triton("rms_norm", x, w, 1e-6, residual=r))
+        ms_ref = bench_graph(lambda: registry.call_reference("rms_norm", x, w, 1e-6, residual=r))
+        record("norm", f"rms_norm+residual T={T} H={H}", nbytes, ms, ms_ref)
+    for I, T in ((12288, 1), (12288, 32), (17408, 4096)):
+        x = torch.randn(T, 2 * I, dtype=torch.float16, device="cuda")
+        nbytes = 3 * T * I * 2
+        ms = bench_graph(lambda: registry.call_triton("silu_and_mul", x))
+        ms_ref = bench_graph(lambda: registry.call_reference("silu_and_mul", x))
+        record("act", f"silu_and_mul T={T} I={I}", nbytes, ms, ms_ref)
+
+
+GROUPS = {"gemv": bench_gemv, "qgemv": bench_qgemv, "decode": bench_decode_attention,
+          "gdn": bench_gdn, "prefill": bench_prefill_attention, "elementwise": bench_elementwise}
+
+
+def main():
+    global COPY_BW
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default=",".join(GROUPS), help="comma-separated: " + ",".join(GROUPS))
+    ap.add_argument("--quick", action="store_true", help="9B shapes only, fewer sweeps")
+    ap.add_argument("--json", default=None, help="write all rows to this JSON file")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/kernels.py needs a GPU (CUDA or ROCm)")
+    dev = torch.cuda.get_device_name()
+    COPY_BW = copy_bandwidth()
+    print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC  {dev}  "
+          f"torch {torch.__version__}  triton {triton.__version__}")
+    print(f"# measured copy bandwidth (read+write): {COPY_BW:.0f} GB/s")
+    for g in args.only.split(","):
+        try:
+            GROUPS[g](args.quick)
+        except Exception as e:  # keep going: report the failure, measure the rest
+            import traceback
+
+            traceback.print_exc()
+            print(f"!! group {g} failed: {type(e).__name__}: {e}", flush=True)
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=dev, copy_gbs=COPY_BW, rows=ROWS,
+                           date=datetime.datetime.now(datetime.timezone.utc).isoformat()), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
