@@ -157,5 +157,20 @@ def register(app: typer.Typer) -> None:
     app.add_typer(rccl_app, name="rccl")
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(0)
+def main() -> None:
+    """`python -m g906.cli.rccl ...`: the rccl commands alone, with the root app's error handling."""
+    from g906.cli.output import report_error
+
+    as_json = "--json" in sys.argv
+    try:
+        rccl_app(prog_name="g906 rccl", standalone_mode=True)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BaseException as exc:  # noqa: BLE001 - turn every failure into a message
+        sys.exit(report_error(exc, as_json=as_json))
+
+
+if __name__ == "__main__":
+    main()

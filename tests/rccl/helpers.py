@@ -138,7 +138,9 @@ def run_cli(*args, fault: str | None = None, timeout: float = 120, python: str =
     env.pop("G906_DEBUG", None)
     if fault:
         env["G906_RCCL_FAULT"] = fault
-    return subprocess.run([python, "-m", "g906", "rccl", *map(str, args)], capture_output=True, text=True,
+    # The rccl commands alone (g906.cli.rccl's main): the same code and error handling as
+    # `g906 rccl`, independent of other command modules registered in the root app.
+    return subprocess.run([python, "-m", "g906.cli.rccl", *map(str, args)], capture_output=True, text=True,
                           env=env, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
