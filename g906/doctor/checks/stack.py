@@ -242,7 +242,13 @@ def compat_stack(ctx: Ctx) -> Result:
     best = matches[0] if matches else None
     have = f"ROCm {rocm or '(torch-bundled ' + str(thip) + ')'}, {_torch_desc(ctx.torch)}, triton {triton or 'none'}"
     if best and best.full:
-        return ok(f"matches the known-good stack {best.id}", have + "\n" + best.note, stack=best.id)
+        needs = {"triton_gfx906": "a Triton built for gfx906 (triton.gfx906)",
+                 "tensile_gfx906": "gfx906 Tensile files (rocblas.tensile)",
+                 "rccl_gfx906_for_tp": "a gfx906 RCCL for tensor parallel (rccl.gfx906)"}
+        extra = [needs.get(n, n) for n in best.needs]
+        return ok(f"matches the known-good stack {best.id}",
+                  have + "\n" + best.note + ("\nthis stack also needs: " + "; ".join(extra) if extra else ""),
+                  stack=best.id)
     if best and best.matched["torch_hip"] and best.matched["torch"]:
         off = [k for k, v in best.matched.items() if not v]
         return warn(f"close to {best.id}, but {', '.join(off)} differ(s)", have + "\nknown good: " + best.note,
@@ -315,6 +321,10 @@ def rccl_gfx906(ctx: Ctx) -> Result:
     detail = desc + "\ndevice code for: " + (", ".join(archs) or "none found")
     if rc.get("has_gfx906"):
         return ok(f"RCCL has gfx906 code (RCCL {ver or '?'})", detail)
+    if ctx.plan is None and n > 1:
+        return warn("RCCL has no gfx906 code: tensor parallel over these GPUs would fail",
+                    detail + "\nOne GPU per model works; TP>1 fails at init with \"invalid device function\".",
+                    fix, archs=archs)
     if not needed:
         return ok("RCCL has no gfx906 code; fine for one GPU (tensor parallel would fail)", detail,
                   archs=archs)
