@@ -253,6 +253,11 @@ def _translate(plan, install: VllmInstall, environ: Mapping[str, str]) -> _Built
         problems.append(f"vLLM cannot serve the synthetic model {plan.model_source!r}; "
                         f"use engine.kind = \"embedded\" for builtin models")
     add("serve", _model_arg(plan))
+    mmproj = getattr(plan, "mmproj_path", None)
+    if (plan.model_format == "gguf" and plan.images_enabled and mmproj is not None and plan.model_path is not None
+            and Path(mmproj).parent != Path(plan.model_path).parent):
+        problems.append(f"vLLM pairs a GGUF model with the mmproj file in its own directory, but model.mmproj "
+                        f"({mmproj}) is not beside {plan.model_path}; move or link it there")
 
     def flag(name: str, value: str | None, key: str) -> None:
         p = _flag_problem(install, name, key)

@@ -353,3 +353,14 @@ def test_dry_run_text_runs_as_printed(fake_vllm, vllm, tmp_path):
     assert [str(fake_vllm.exe), *rec["argv"]] == cmd.argv
     for k, v in cmd.env.items():
         assert rec["env"][k] == v
+
+
+def test_mmproj_must_sit_beside_the_gguf(vllm):
+    from pathlib import Path
+
+    plan = make_plan(model={"source": "/m/a/Qwen3.5-9B-Q4_K_M.gguf"}, multimodal={"image": 1})
+    plan.mmproj_path = Path("/m/b/mmproj-F16.gguf")
+    (p,) = check_plan_against_vllm(plan, vllm)
+    assert "not beside /m/a/Qwen3.5-9B-Q4_K_M.gguf" in p
+    plan.mmproj_path = Path("/m/a/mmproj-F16.gguf")
+    assert check_plan_against_vllm(plan, vllm) == []
