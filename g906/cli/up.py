@@ -1,0 +1,381 @@
+"""`g906 up RECIPE [--dry-run] [--skip-doctor] [--port N] [--host H]`: serve a recipe.
+
+The pipeline (run_up), one step per function so that each can be tested and extended:
+
+    validate   load_recipe(path)                  recipe errors with file:line:col, exit 2
+    plan       resolve(recipe, path) -> Plan      missing/bad model files are errors
+    dry-run    print the plan and stop
+    preflight  preflight_hook(plan)               HOOK: the doctor's checks for this plan
+    vllm       vllm_hook(plan)                    HOOK: engine.kind = "vllm" hands over here
+    rccl       rccl_hook(plan)                    HOOK: TP > 1 on gfx906 needs a gfx906 RCCL
+    serve      serve_plan(plan)                   bind; load (progress bar) + warm up in the
+                                                  background while /health says 503; then
+                                                  200, the URL and a curl line; SIGINT/SIGTERM
+                                                  drain the in-flight requests and exit 0.
+
+No torch at import time: the engine is imported inside serve_plan."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import typer
+
+from g906.cli.output import console, err_console, print_json
+from g906.errors import G906Error, UsageError
+
+log = logging.getLogger("g906.up")
+
+
+# -- the pipeline's steps ------------------------------------------------------------------------
+
+def load_and_resolve(recipe_path: Path):
+    """validate -> plan."""
+    from g906.recipe.load import load_recipe
+    from g906.recipe.resolve import resolve
+
+    recipe = load_recipe(recipe_path)
+    return resolve(recipe, recipe_path)
+
+
+def preflight_hook(plan, *, skip: bool) -> None:
+    """HOOK (integrator): run the doctor's checks for this plan (g906.doctor.preflight) and raise
+    G906Error with the doctor's message when a blocking finding fails. `skip` is --skip-doctor."""
+    return None
+
+
+def vllm_hook(plan) -> int | None:
+    """HOOK (integrator): when plan.engine_kind == "vllm", hand over to g906.backends.vllm and return
+    its exit status. Returns None for the embedded engine."""
+    if plan.engine_kind != "vllm":
+        return None
+    raise G906Error("engine.kind = \"vllm\" is not wired into `g906 up` yet",
+                    hint="run `g906 up` with engine.kind = \"embedded\", or start vLLM yourself")
+
+
+def rccl_hook(plan) -> None:
+    """HOOK (integrator): for tensor_parallel_size > 1 on gfx906, make sure a gfx906 RCCL is in
+    place (g906.rccl.integration.ensure_rccl_for_plan) before the engine starts."""
+    return None
+
+
+def describe_plan(plan) -> dict[str, Any]:
+    """What --dry-run shows: files, format, dtype, devices, memory budget, engine."""
+    rec = plan.recipe
+    emb = rec.engine.embedded
+    return {
+        "recipe": str(plan.recipe_path) if plan.recipe_path else None,
+        "model": {
+            "source": plan.model_source, "served_name": plan.served_model_name, "format": plan.model_format,
+            "path": str(plan.model_path) if plan.model_path else None,
+            "files": [str(p) for p in plan.model_files], "quantization": plan.quantization,
+            "gguf_tensor_types": plan.gguf_tensor_types, "dtype": plan.dtype,
+            "architecture": plan.architecture,
+            "chat_template": str(plan.chat_template_path) if plan.chat_template_path else "(the model's)",
+        },
+        "devices": {"tensor_parallel_size": plan.tensor_parallel_size, "devices": plan.devices,
+                    "rccl_package": str(plan.rccl_package) if plan.rccl_package else None},
+        "memory": {"gpu_memory_utilization": plan.gpu_memory_utilization,
+                   "cpu_kv_cache_gib": emb.cpu_kv_cache_gib, "block_size": emb.block_size,
+                   "max_model_len": plan.max_model_len or "(the model's, capped by the cache)",
+                   "max_num_seqs": plan.max_num_seqs,
+                   "max_num_batched_tokens": plan.max_num_batched_tokens or 2048},
+        "engine": {"kind": plan.engine_kind, "enforce_eager": plan.enforce_eager,
+                   "reasoning_parser": plan.reasoning_parser,
+                   "max_waiting_requests": emb.max_waiting_requests},
+        "server": {"host": plan.host, "port": plan.port, "api_key_env": plan.api_key_env},
+        "warnings": list(getattr(plan, "warnings", []) or []),
+    }
+
+
+def print_plan(plan, *, as_json: bool) -> None:
+    d = describe_plan(plan)
+    if as_json:
+        print_json(d)
+        return
+    console.print(f"[bold]Plan[/] for {d['recipe'] or '(recipe)'}")
+    for section in ("model", "devices", "memory", "engine", "server"):
+        console.print(f"[bold cyan]{section}[/]")
+        for k, v in d[section].items():
+            if k == "files":
+                console.print(f"  {k}:")
+                for f in v:
+                    console.print(f"    {f}", markup=False, soft_wrap=True)
+                continue
+            console.print(f"  {k}: {v}", markup=False, soft_wrap=True)
+    for w in d["warnings"]:
+        console.print(f"[yellow]warning:[/] {w}")
+    console.print("(dry run: nothing was loaded)")
+
+
+# -- serving -------------------------------------------------------------------------------------
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise G906Error(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                        hint="pick another port with --port (0 = any free port) or stop what uses it") from None
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+def _url(host: str, port: int) -> str:
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host == "::" else host)
+    if ":" in shown and not shown.startswith("["):
+        shown = f"[{shown}]"
+    return f"http://{shown}:{port}"
+
+
+def _api_key(plan) -> str | None:
+    name = plan.api_key_env
+    if not name:
+        return None
+    key = os.environ.get(name)
+    if not key:
+        raise G906Error(f"the recipe's server.api_key_env names {name}, but {name} is not set (or empty)",
+                        hint=f"export {name}=<a secret key>, or remove server.api_key_env to serve without a key")
+    return key
+
+
+def _max_body_bytes() -> int:
+    from g906.server.app import DEFAULT_MAX_BODY_BYTES
+
+    raw = os.environ.get("G906_MAX_REQUEST_BYTES")
+    if not raw:
+        return DEFAULT_MAX_BODY_BYTES
+    try:
+        v = int(raw)
+        if v <= 0:
+            raise ValueError
+        return v
+    except ValueError:
+        raise G906Error(f"G906_MAX_REQUEST_BYTES={raw!r} is not a positive number of bytes") from None
+
+
+def curl_example(url: str, model: str, api_key_env: str | None) -> str:
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 64})
+    auth = f" -H \"Authorization: Bearer ${api_key_env}\"" if api_key_env else ""
+    return f"curl {url}/v1/chat/completions -H 'Content-Type: application/json'{auth} -d '{body}'"
+
+
+def build_engine(plan, *, progress: bool = True, **engine_overrides):
+    """load -> engine (cache sized from the budget). Returns (loaded, LLMEngine)."""
+    from g906.engine.llm_engine import EngineConfig, LLMEngine
+    from g906.engine.loader import load_model
+
+    source = plan.model_source if plan.model_format == "builtin" else str(plan.model_path)
+    device = None
+    if plan.devices:
+        import torch
+
+        if torch.cuda.is_available():
+            device = f"cuda:{plan.devices[0]}"
+    loaded = load_model(source, dtype=plan.dtype, device=device,
+                        chat_template=str(plan.chat_template_path) if plan.chat_template_path else None,
+                        progress=progress)
+    if loaded.tokenizer is None:
+        raise G906Error(f"{source}: the model has no tokenizer", hint="the server needs tokenizer.json (or GGUF tokenizer metadata)")
+    engine = LLMEngine(loaded, EngineConfig.from_plan(plan, **engine_overrides))
+    return loaded, engine
+
+
+class _Server:
+    """uvicorn.Server that drains on SIGINT/SIGTERM and then returns (no re-raised signal): a
+    first signal stops accepting and lets in-flight requests finish; a second one forces exit."""
+
+    def __init__(self, app, sock: socket.socket, *, drain_timeout: float = 30.0, log_level: str = "warning"):
+        import uvicorn
+
+        outer = self
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self):
+                if threading.current_thread() is not threading.main_thread():
+                    yield
+                    return
+                previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+                def handler(sig, frame):
+                    if self.should_exit:
+                        self.force_exit = True
+                    self.should_exit = True
+                    outer.on_signal(sig)
+
+                for s in previous:
+                    signal.signal(s, handler)
+                try:
+                    yield
+                finally:
+                    for s, h in previous.items():
+                        signal.signal(s, h)
+
+        config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
+                                timeout_graceful_shutdown=drain_timeout, timeout_keep_alive=5)
+        self.server = Server(config)
+        self.sock = sock
+        self.signalled: int | None = None
+        self.on_signal_callbacks: list[Callable[[int], None]] = []
+
+    def on_signal(self, sig: int) -> None:
+        self.signalled = sig
+        for cb in self.on_signal_callbacks:
+            cb(sig)
+
+    def run(self) -> None:
+        self.server.run(sockets=[self.sock])
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+
+
+def serve_plan(plan, *, host: str | None = None, port: int | None = None, progress: bool = True,
+               engine_overrides: dict | None = None, on_ready: Callable[[str], None] | None = None,
+               out=None) -> int:
+    """Bind, load + warm up in the background (health 503 meanwhile), serve until a signal (or
+    until .stop() via on_ready's server), drain, and return the exit status (0)."""
+    from g906.server.app import ServerState, create_app
+
+    out = out or console
+    host = host or plan.host or "127.0.0.1"
+    port = plan.port if port is None else port
+    api_key = _api_key(plan)
+    state = ServerState(served_model_name=plan.served_model_name, reasoning_parser=plan.reasoning_parser,
+                        api_key=api_key, max_body_bytes=_max_body_bytes())
+    app = create_app(state)
+    sock = _bind(host, port)
+    bound_port = sock.getsockname()[1]
+    url = _url(host, bound_port)
+    server = _Server(app, sock)
+    failure: list[BaseException] = []
+    holder: dict[str, Any] = {}
+
+    def load() -> None:
+        try:
+            from g906.engine.async_engine import AsyncEngine
+            from g906.engine.llm import PromptBuilder
+
+            t0 = time.perf_counter()
+            loaded, engine = build_engine(plan, progress=progress, **(engine_overrides or {}))
+            t1 = time.perf_counter()
+            warm = engine.warm_up()
+            aeng = AsyncEngine(engine)
+            holder["engine"] = aeng
+            aeng.start()
+            info = {**loaded.info, **engine.describe(), "warm_up_seconds": round(warm, 3)}
+            state.set_ready(aeng, PromptBuilder(loaded.tokenizer, loaded.chat_template), info)
+            out.print(f"Loaded {plan.served_model_name} in {t1 - t0:.1f}s, warmed up in {warm:.1f}s "
+                      f"({engine.runner.sizing.num_blocks} KV blocks of {engine.config.block_size} tokens, "
+                      f"max_model_len {engine.max_model_len}, max_num_seqs {engine.config.max_num_seqs})",
+                      markup=False, soft_wrap=True)
+            out.print(f"Ready: serving {plan.served_model_name} at {url}/v1", markup=False, soft_wrap=True)
+            out.print("Try:  " + curl_example(url, plan.served_model_name, plan.api_key_env), markup=False,
+                      soft_wrap=True)
+            sys.stdout.flush()
+            if on_ready is not None:
+                on_ready(url)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            failure.append(exc)
+            msg = exc.message if isinstance(exc, G906Error) else f"{type(exc).__name__}: {exc}"
+            state.set_failed(msg)
+            server.stop()
+
+    def drain(sig: int) -> None:
+        name = signal.Signals(sig).name
+        aeng = holder.get("engine")
+        if aeng is not None:
+            aeng.stop_accepting()
+            n = aeng.num_unfinished()
+            err_console.print(f"{name}: draining {n} in-flight request(s), then exiting (again to force)")
+        else:
+            err_console.print(f"{name}: exiting")
+
+    server.on_signal_callbacks.append(drain)
+    out.print(f"Listening on {url} (loading the model; /health answers 503 until it is ready)", markup=False, soft_wrap=True)
+    sys.stdout.flush()
+    loader = threading.Thread(target=load, name="g906-load", daemon=True)
+    loader.start()
+    holder["server"] = server
+    _SERVERS.append(server)
+    try:
+        server.run()
+    finally:
+        _SERVERS.remove(server)
+        aeng = holder.get("engine")
+        if aeng is not None:
+            aeng.shutdown(drain_timeout=30.0)
+        sock.close()
+    if failure:
+        exc = failure[0]
+        if isinstance(exc, G906Error):
+            raise exc
+        raise G906Error(f"loading the model failed: {type(exc).__name__}: {exc}",
+                        hint="set G906_DEBUG=1 for the traceback") from exc
+    out.print("Stopped.")
+    return 0
+
+
+_SERVERS: list[_Server] = []   # running servers (tests stop them with stop_all())
+
+
+def stop_all() -> None:
+    for s in list(_SERVERS):
+        s.stop()
+
+
+def run_up(recipe: Path, *, dry_run: bool = False, skip_doctor: bool = False, port: int | None = None,
+           host: str | None = None, as_json: bool = False) -> int:
+    plan = load_and_resolve(recipe)                       # validate -> plan
+    if dry_run:
+        print_plan(plan, as_json=as_json)
+        return 0
+    preflight_hook(plan, skip=skip_doctor)                # HOOK: doctor preflight
+    status = vllm_hook(plan)                              # HOOK: vLLM branch
+    if status is not None:
+        return status
+    rccl_hook(plan)                                       # HOOK: RCCL for TP > 1
+    return serve_plan(plan, host=host, port=port)         # load -> warm up -> serve
+
+
+def _setup_logging() -> None:
+    level = logging.DEBUG if os.environ.get("G906_DEBUG") not in (None, "", "0") else logging.INFO
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    root = logging.getLogger("g906")
+    if not root.handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("up")
+    def up(
+        recipe: Path = typer.Argument(..., help="The recipe TOML file."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (files, format, dtype, devices, "
+                                     "memory budget, engine) and exit."),
+        skip_doctor: bool = typer.Option(False, "--skip-doctor", help="Do not run the doctor's preflight checks."),
+        port: int | None = typer.Option(None, "--port", min=0, max=65535,
+                                        help="Port to listen on (overrides the recipe; 0 = any free port)."),
+        host: str | None = typer.Option(None, "--host", help="Address to bind (overrides the recipe)."),
+        as_json: bool = typer.Option(False, "--json", help="With --dry-run: print the plan as JSON."),
+    ) -> None:
+        """Serve a recipe: validate, plan, check, load, warm up, and serve the OpenAI API."""
+        _setup_logging()
+        code = run_up(recipe, dry_run=dry_run, skip_doctor=skip_doctor, port=port, host=host, as_json=as_json)
+        raise typer.Exit(code)

@@ -1,0 +1,340 @@
+"""The engine: requests in, per-step deltas out. Single-threaded; the async front-end
+(async_engine.py) and the offline API (llm.py) drive it.
+
+    engine = LLMEngine(loaded_model, EngineConfig(...))
+    engine.add_request("r1", prompt_token_ids, SamplingParams(max_tokens=32))
+    while engine.has_unfinished_requests():
+        for delta in engine.step(): ...
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+from g906.engine.block_manager import CacheManager
+from g906.engine.model_runner import ModelRunner
+from g906.engine.sampler import TokenLogprobs
+from g906.engine.sampling_params import SamplingParams
+from g906.engine.scheduler import Scheduler, SchedulerConfig
+from g906.engine.sequence import Sequence
+from g906.engine.stop import StopStrings, token_stop
+from g906.errors import G906Error
+
+log = logging.getLogger("g906.engine")
+
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+
+
+class PromptTooLong(ValueError):
+    """The prompt (or prompt + max_tokens) does not fit in max_model_len."""
+
+
+@dataclass
+class EngineConfig:
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    cpu_kv_cache_gib: float = 1.0
+    num_kv_blocks: int | None = None       # override the budget (tests, benchmarks)
+    max_waiting_requests: int = 1024
+    seed: int | None = None                # the shared generator of unseeded requests
+
+    @classmethod
+    def from_plan(cls, plan, **overrides) -> "EngineConfig":
+        emb = plan.recipe.engine.embedded
+        kw = dict(
+            max_num_seqs=plan.max_num_seqs,
+            max_num_batched_tokens=plan.max_num_batched_tokens,
+            max_model_len=plan.max_model_len,
+            block_size=emb.block_size,
+            gpu_memory_utilization=plan.gpu_memory_utilization,
+            cpu_kv_cache_gib=emb.cpu_kv_cache_gib,
+            max_waiting_requests=emb.max_waiting_requests,
+        )
+        kw.update(overrides)
+        return cls(**kw)
+
+
+@dataclass
+class StepOutput:
+    """What one step added to one request."""
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str
+    new_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    new_token_texts: list[str] = field(default_factory=list)   # per token, for logprobs
+    finished: bool = False
+    finish_reason: str | None = None        # "stop" | "length" | "abort"
+    stop_reason: str | int | None = None    # the stop string or stop token id
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+
+
+class IncrementalDecoder:
+    """Fallback incremental detokenizer for tokenizers without one: text of the generated
+    tokens, one token at a time, never ending in a broken UTF-8 character."""
+
+    def __init__(self, tokenizer, skip_special_tokens: bool = True):
+        self.tok = tokenizer
+        self.skip = skip_special_tokens
+        self.ids: list[int] = []
+        self.emitted = 0
+
+    def _decode(self) -> str:
+        return self.tok.decode(self.ids, skip_special_tokens=self.skip)
+
+    def add(self, token_id: int) -> str:
+        self.ids.append(int(token_id))
+        full = self._decode()
+        end = len(full)
+        while end > self.emitted and full[end - 1] == "\ufffd":
+            end -= 1
+        out = full[self.emitted:end]
+        self.emitted = max(self.emitted, end)
+        return out
+
+    def finish(self) -> str:
+        full = self._decode()
+        out = full[self.emitted:]
+        self.emitted = len(full)
+        return out
+
+
+def make_detokenizer(tokenizer, skip_special_tokens: bool = True):
+    try:
+        from g906.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+    except ImportError:  # pragma: no cover
+        return IncrementalDecoder(tokenizer, skip_special_tokens)
+    if isinstance(tokenizer, Tokenizer):
+        return IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens)
+    return IncrementalDecoder(tokenizer, skip_special_tokens)
+
+
+class _Request:
+    __slots__ = ("seq", "decoder", "stops", "arrival", "first_token_at", "eos_ids")
+
+    def __init__(self, seq: Sequence, decoder: IncrementalDecoder, stops: StopStrings):
+        self.seq = seq
+        self.decoder = decoder
+        self.stops = stops
+        self.arrival = time.monotonic()
+        self.first_token_at: float | None = None
+
+
+class LLMEngine:
+    def __init__(self, loaded, config: EngineConfig | None = None):
+        self.loaded = loaded
+        self.config = config = config or EngineConfig()
+        self.model_config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        model_max = int(self.model_config.max_position_embeddings or 4096)
+        explicit_len = config.max_model_len is not None
+        self.max_model_len = int(config.max_model_len or model_max)
+        if explicit_len and self.max_model_len > model_max:
+            log.warning("max_model_len %d exceeds the model's %d positions", self.max_model_len, model_max)
+        mbt = config.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+        if not explicit_len:
+            # default context: what the cache budget can hold for one sequence, at most the model's
+            self.max_model_len = self._fit_len(mbt)
+        self.max_num_batched_tokens = mbt
+        self.runner = ModelRunner(
+            loaded, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=mbt, max_model_len=self.max_model_len,
+            gpu_memory_utilization=config.gpu_memory_utilization, cpu_kv_cache_gib=config.cpu_kv_cache_gib,
+            num_kv_blocks=config.num_kv_blocks, seed=config.seed,
+        )
+        s = self.runner.sizing
+        self.cache = CacheManager(s.num_blocks, config.block_size, config.max_num_seqs)
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_seqs, mbt, self.max_model_len), self.cache
+        )
+        eos = set(self.model_config.eos_token_ids or [])
+        tok_eos = getattr(self.tokenizer, "eos_token_ids", None)
+        if tok_eos:
+            eos |= set(tok_eos)
+        self.eos_token_ids = frozenset(int(t) for t in eos)
+        self._requests: dict[str, _Request] = {}
+        self.num_prompt_tokens = 0
+        self.num_generation_tokens = 0
+        self.num_steps = 0
+
+    def _fit_len(self, mbt: int) -> int:
+        """The model's context length, lowered to what a CPU KV budget can hold for one sequence."""
+        from g906.engine.cache import kv_bytes_per_block, state_bytes_per_slot
+        from g906.engine.model_runner import GiB, _dtype_of
+
+        model_max = int(self.model_config.max_position_embeddings or 4096)
+        cfg = self.config
+        if cfg.num_kv_blocks is not None:
+            return min(model_max, cfg.num_kv_blocks * cfg.block_size)
+        dev = str(self.loaded.info.get("device", "cpu"))
+        if not dev.startswith("cpu"):
+            return min(model_max, 32768)
+        dtype = _dtype_of(self.loaded.model)
+        per_block = max(1, kv_bytes_per_block(self.model_config, cfg.block_size, dtype))
+        budget = cfg.cpu_kv_cache_gib * GiB - state_bytes_per_slot(self.model_config, dtype) * cfg.max_num_seqs
+        blocks = int(budget // per_block)
+        return max(min(model_max, blocks * cfg.block_size), 1)
+
+    # -- requests --------------------------------------------------------------------------------
+    def check_prompt(self, prompt_token_ids: list[int]) -> None:
+        """Raise ValueError (PromptTooLong) if the prompt cannot run; no side effects."""
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise ValueError("the prompt is empty")
+        if n >= self.max_model_len:
+            raise PromptTooLong(
+                f"the prompt has {n} tokens; this model's context (max_model_len) is {self.max_model_len} "
+                "tokens, which must also leave room for at least one generated token"
+            )
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in prompt_token_ids if isinstance(t, bool) or not 0 <= int(t) < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already running")
+        if params.n != 1:
+            raise ValueError("the engine runs n=1 requests; split n>1 into children with for_child()")
+        self.check_prompt(prompt_token_ids)
+        seq = Sequence(request_id, [int(t) for t in prompt_token_ids], params)
+        req = _Request(seq, make_detokenizer(self.tokenizer, params.skip_special_tokens),
+                       StopStrings(params.stop, params.include_stop_str_in_output))
+        self._requests[request_id] = req
+        self.scheduler.add(seq)
+
+    def abort_request(self, request_id: str) -> bool:
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return False
+        self.scheduler.abort(req.seq)
+        self.runner.sampler.forget(req.seq.seq_id)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._requests)
+
+    # -- one step ----------------------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return []
+        self.num_steps += 1
+        sampled = self.runner.run(batch)
+        if batch.is_prefill:
+            self.num_prompt_tokens += batch.num_tokens
+        outputs: list[StepOutput] = []
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            seq.num_cached_tokens += n
+        now = time.monotonic()
+        for seq in batch.seqs:
+            got = sampled.get(seq.seq_id)
+            if got is None:
+                continue
+            token, lp = got
+            req = self._requests[seq.request_id]
+            if req.first_token_at is None:
+                req.first_token_at = now
+            seq.append_token(token)
+            self.num_generation_tokens += 1
+            outputs.append(self._process(req, token, lp))
+        return outputs
+
+    def _process(self, req: _Request, token: int, lp: TokenLogprobs | None) -> StepOutput:
+        seq, params = req.seq, req.seq.params
+        reason, stop_tok = token_stop(
+            params, token, seq.num_output_tokens, seq.num_tokens, self.eos_token_ids, self.max_model_len
+        )
+        token_text = ""
+        if reason == "stop" and stop_tok is not None and not params.include_stop_str_in_output:
+            text = ""  # eos / stop token: its text is not part of the output
+        else:
+            token_text = req.decoder.add(token)
+            text = req.stops.feed(token_text)
+            if req.stops.matched is not None:
+                reason, stop_tok = "stop", req.stops.matched
+        if reason is not None:
+            if req.stops.matched is None:
+                text += req.stops.feed(req.decoder.finish())
+                if req.stops.matched is not None:
+                    reason, stop_tok = "stop", req.stops.matched
+            text += req.stops.flush()
+        out = StepOutput(
+            request_id=seq.request_id, new_token_ids=[token], new_text=text,
+            new_logprobs=[lp] if lp is not None else [],
+            finished=reason is not None, finish_reason=reason, stop_reason=stop_tok,
+            num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens,
+        )
+        if reason is not None:
+            self.scheduler.finish(seq, reason)
+            self.runner.sampler.forget(seq.seq_id)
+            self._requests.pop(seq.request_id, None)
+        return out
+
+    # -- introspection ---------------------------------------------------------------------------
+    def stats(self) -> dict:
+        blocks, slots = self.cache.blocks, self.cache.slots
+        return {
+            "num_requests_running": self.scheduler.num_running,
+            "num_requests_waiting": self.scheduler.num_waiting,
+            "kv_blocks_total": blocks.num_blocks,
+            "kv_blocks_used": blocks.num_used_blocks,
+            "kv_blocks_free": blocks.num_free_blocks,
+            "state_slots_total": slots.num_slots,
+            "state_slots_used": slots.num_used,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "prompt_tokens": self.num_prompt_tokens,
+            "generation_tokens": self.num_generation_tokens,
+            "steps": self.num_steps,
+        }
+
+    def describe(self) -> dict:
+        return {
+            "max_model_len": self.max_model_len,
+            "max_num_seqs": self.config.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "block_size": self.config.block_size,
+            "cache": self.runner.sizing.to_json(),
+        }
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token contributes to the text (for logprobs)."""
+        tok = self.tokenizer
+        if hasattr(tok, "token_bytes") and getattr(tok, "byte_level", False):
+            if not tok.is_special(token_id):
+                return tok.token_bytes(token_id)
+        return tok.decode([int(token_id)], skip_special_tokens=False).encode("utf-8")
+
+    def token_text(self, token_id: int) -> str:
+        """One token's own text (for logprobs); bytes of a partial character show as U+FFFD."""
+        return self.token_bytes(token_id).decode("utf-8", errors="replace")
+
+    def warm_up(self) -> float:
+        """Run the prefill, chunked-prefill and decode paths (and the sampler's) once. Seconds taken."""
+        t0 = time.perf_counter()
+        vocab = self.model_config.vocab_size
+        plen = max(1, min(self.max_model_len - 4, self.max_num_batched_tokens + 3, 64))
+        base = [(i * 7919) % vocab for i in range(plen)]
+        plans = [
+            (base, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)),
+            (base[:5], SamplingParams(temperature=0.8, top_p=0.9, top_k=20, min_p=0.01, seed=0,
+                                      repetition_penalty=1.1, presence_penalty=0.1, logprobs=2,
+                                      max_tokens=3, ignore_eos=True)),
+        ]
+        for i, (ids, p) in enumerate(plans):
+            self.add_request(f"__warmup-{i}", ids[: max(1, min(len(ids), self.max_model_len - 4))], p)
+        while self.has_unfinished_requests():
+            self.step()
+        if self.cache.blocks.num_used_blocks or self.cache.slots.num_used:
+            raise G906Error("internal error: the warm-up left cache blocks in use")
+        return time.perf_counter() - t0

@@ -1,0 +1,228 @@
+"""The model runner: turns a scheduled batch into model inputs, runs the model, samples.
+
+It owns the cache tensors (sized here from the memory budget), binds them to the model,
+keeps preallocated host buffers for the per-step inputs, and returns the sampled token of
+every sequence that reached its last token in the step."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from g906.engine.context import ForwardContext
+from g906.engine.sampler import Sampler, SamplerRow, TokenLogprobs
+from g906.engine.scheduler import ScheduledBatch
+from g906.engine.sequence import Sequence
+from g906.errors import G906Error
+
+log = logging.getLogger("g906.engine")
+GiB = 1024**3
+
+
+@dataclass
+class CacheSizing:
+    num_blocks: int
+    block_size: int
+    num_state_slots: int
+    kv_bytes_per_block: int
+    state_bytes_per_slot: int
+    budget_bytes: int
+    source: str                     # how the budget was found ("cpu budget", "gpu profile", "override")
+    weights_bytes: int = 0
+    activation_peak_bytes: int = 0
+
+    @property
+    def max_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__, max_tokens=self.max_tokens)
+
+
+def _dtype_of(model) -> torch.dtype:
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
+
+
+class ModelRunner:
+    def __init__(self, loaded, *, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
+                 max_model_len: int, gpu_memory_utilization: float = 0.9, cpu_kv_cache_gib: float = 1.0,
+                 num_kv_blocks: int | None = None, seed: int | None = None):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.config = loaded.config
+        self.device = torch.device(loaded.info.get("device", "cpu"))
+        self.dtype = _dtype_of(self.model)
+        self.block_size = block_size
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.sampler = Sampler(self.device, seed=seed)
+        pin = self.device.type == "cuda"
+        m = max_num_batched_tokens
+        self._ids = torch.zeros(m, dtype=torch.long, pin_memory=pin)
+        self._pos = torch.zeros(m, dtype=torch.long, pin_memory=pin)
+        self._slots = torch.zeros(m, dtype=torch.long, pin_memory=pin)
+        self.sizing = self._size_cache(gpu_memory_utilization, cpu_kv_cache_gib, num_kv_blocks)
+        from g906.engine.cache import ModelCache
+
+        self.cache = ModelCache.allocate(
+            self.config, num_blocks=self.sizing.num_blocks, block_size=block_size,
+            num_state_slots=max_num_seqs, dtype=self.dtype, device=self.device,
+        )
+        self.model.bind_cache(self.cache)
+
+    # -- cache sizing ----------------------------------------------------------------------------
+    def _size_cache(self, util: float, cpu_gib: float, override: int | None) -> CacheSizing:
+        from g906.engine.cache import kv_bytes_per_block, state_bytes_per_slot
+
+        per_block = max(1, kv_bytes_per_block(self.config, self.block_size, self.dtype))
+        per_slot = state_bytes_per_slot(self.config, self.dtype)
+        states = per_slot * self.max_num_seqs
+        blocks_per_seq = math.ceil(self.max_model_len / self.block_size)
+        useful = self.max_num_seqs * blocks_per_seq + 1   # more blocks than this can never be used
+        if override is not None:
+            return CacheSizing(override, self.block_size, self.max_num_seqs, per_block, per_slot,
+                               override * per_block + states, "override")
+        if self.device.type == "cuda":
+            weights, act = self._profile()
+            free, total = torch.cuda.mem_get_info(self.device)
+            others = max(0, (total - free) - torch.cuda.memory_reserved(self.device))
+            budget = int(util * total) - weights - act - others - states
+            source = "gpu profile"
+        else:
+            weights, act = 0, 0
+            budget = int(cpu_gib * GiB) - states
+            source = "cpu budget"
+        num_blocks = min(budget // per_block, useful) if budget > 0 else 0
+        if num_blocks < blocks_per_seq:
+            need = (blocks_per_seq * per_block + states) / GiB
+            where = "gpu_memory_utilization" if self.device.type == "cuda" else "engine.embedded.cpu_kv_cache_gib"
+            raise G906Error(
+                f"the KV cache budget ({max(budget, 0) / GiB:.3f} GiB after weights, activations and "
+                f"{self.max_num_seqs} state slots) holds {num_blocks * self.block_size} tokens, fewer than "
+                f"max_model_len = {self.max_model_len}",
+                hint=f"lower limits.max_model_len or limits.max_num_seqs, or raise {where} "
+                f"(one full-length sequence needs about {need:.3f} GiB)",
+            )
+        return CacheSizing(int(num_blocks), self.block_size, self.max_num_seqs, per_block, per_slot,
+                           int(budget), source, weights, act)
+
+    def _profile(self) -> tuple[int, int]:
+        """(weights bytes, activation peak bytes) from one forward of max_num_batched_tokens."""
+        from g906.engine.cache import ModelCache
+
+        dev = self.device
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()
+        weights = torch.cuda.memory_allocated(dev)
+        n = self.max_num_batched_tokens
+        nb = math.ceil(n / self.block_size)
+        tmp = ModelCache.allocate(self.config, num_blocks=nb, block_size=self.block_size, num_state_slots=1,
+                                  dtype=self.dtype, device=dev)
+        self.model.bind_cache(tmp)
+        torch.cuda.reset_peak_memory_stats(dev)
+        base = torch.cuda.memory_allocated(dev)
+        ids = torch.zeros(n, dtype=torch.long, device=dev)
+        pos = torch.arange(n, dtype=torch.long, device=dev)
+        i32 = dict(dtype=torch.int32, device=dev)
+        ctx = ForwardContext(
+            is_prefill=True,
+            cu_seqlens_q=torch.tensor([0, n], **i32), seq_lens=torch.tensor([n], **i32),
+            context_lens=torch.tensor([0], **i32), slot_mapping=torch.arange(n, dtype=torch.long, device=dev),
+            block_tables=torch.arange(nb, **i32)[None], state_slots=torch.tensor([0], **i32),
+            has_initial_state=torch.tensor([False], device=dev), max_seqlen_q=n, max_seqlen_k=n,
+        )
+        hidden = self.model.forward(ids, pos, ctx)
+        rows = min(self.max_num_seqs, n)
+        self.model.compute_logits(hidden[-rows:])
+        torch.cuda.synchronize(dev)
+        act = torch.cuda.max_memory_allocated(dev) - base
+        del hidden, tmp, ctx
+        torch.cuda.empty_cache()
+        return weights, int(act)
+
+    # -- one step --------------------------------------------------------------------------------
+    def _context(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, ForwardContext]:
+        seqs, chunks = batch.seqs, batch.num_new_tokens
+        bs = self.block_size
+        total = sum(chunks)
+        ids = self._ids.numpy()
+        pos = self._pos.numpy()
+        slots = self._slots.numpy()
+        cu = np.zeros(len(seqs) + 1, dtype=np.int32)
+        seq_lens = np.zeros(len(seqs), dtype=np.int32)
+        ctx_lens = np.zeros(len(seqs), dtype=np.int32)
+        width = max(len(s.block_table) for s in seqs)
+        tables = np.full((len(seqs), width), -1, dtype=np.int32)
+        state_slots = np.zeros(len(seqs), dtype=np.int32)
+        has_init = np.zeros(len(seqs), dtype=np.bool_)
+        off = 0
+        for i, (s, n) in enumerate(zip(seqs, chunks)):
+            start = s.num_cached_tokens
+            ids[off:off + n] = s.token_ids[start:start + n]
+            p = np.arange(start, start + n)
+            pos[off:off + n] = p
+            table = np.asarray(s.block_table, dtype=np.int64)
+            tables[i, : len(table)] = table
+            slots[off:off + n] = table[p // bs] * bs + p % bs
+            off += n
+            cu[i + 1] = off
+            seq_lens[i] = start + n
+            ctx_lens[i] = start
+            state_slots[i] = s.state_slot
+            has_init[i] = start > 0
+        dev = self.device
+        nb = dev.type == "cuda"
+
+        def put(a, dtype):
+            return torch.from_numpy(a).to(device=dev, dtype=dtype, non_blocking=nb)
+
+        input_ids = self._ids[:total].to(dev, non_blocking=nb)
+        positions = self._pos[:total].to(dev, non_blocking=nb)
+        if dev.type == "cpu":  # the host buffers are reused next step: give the model its own
+            input_ids, positions = input_ids.clone(), positions.clone()
+        ctx = ForwardContext(
+            is_prefill=batch.is_prefill,
+            cu_seqlens_q=put(cu, torch.int32),
+            seq_lens=put(seq_lens, torch.int32),
+            context_lens=put(ctx_lens, torch.int32),
+            slot_mapping=self._slots[:total].to(dev, non_blocking=nb).clone() if dev.type == "cpu"
+            else self._slots[:total].to(dev, non_blocking=nb),
+            block_tables=put(tables, torch.int32),
+            state_slots=put(state_slots, torch.int32),
+            has_initial_state=put(has_init, torch.bool),
+            max_seqlen_q=int(max(chunks)),
+            max_seqlen_k=int(seq_lens.max()),
+        )
+        return input_ids, positions, ctx
+
+    def run(self, batch: ScheduledBatch) -> dict[int, tuple[int, TokenLogprobs | None]]:
+        """Run one step; {seq_id: (next token, logprobs)} for the sequences that sample."""
+        if not batch.seqs:
+            return {}
+        input_ids, positions, ctx = self._context(batch)
+        hidden = self.model.forward(input_ids, positions, ctx)
+        sampling = [i for i in range(len(batch.seqs)) if batch.samples(i)]
+        if not sampling:
+            return {}
+        cu = np.cumsum(batch.num_new_tokens)
+        last = torch.as_tensor([int(cu[i]) - 1 for i in sampling], dtype=torch.long, device=hidden.device)
+        logits = self.model.compute_logits(hidden.index_select(0, last))
+        rows = []
+        for i in sampling:
+            s: Sequence = batch.seqs[i]
+            p = s.params
+            rows.append(SamplerRow(
+                key=s.seq_id, params=p,
+                prompt_token_ids=s.prompt_token_ids if p.repetition_penalty != 1.0 else None,
+                output_token_ids=s.output_token_ids if p.has_penalties else None,
+            ))
+        token_ids, lps = self.sampler(logits, rows)
+        return {batch.seqs[i].seq_id: (t, lp) for i, t, lp in zip(sampling, token_ids, lps)}

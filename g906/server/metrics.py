@@ -1,0 +1,76 @@
+"""Prometheus metrics (/metrics): engine gauges read at scrape time, latency histograms and
+token counters fed by the async engine's observer."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+                    20.0, 40.0, 80.0)
+
+
+class _EngineCollector:
+    def __init__(self, state):
+        self.state = state
+
+    def collect(self):
+        eng = self.state.engine
+        stats = eng.engine.stats() if eng is not None else {}
+        model = self.state.served_model_name
+
+        def gauge(name, doc, key):
+            g = GaugeMetricFamily(f"g906:{name}", doc, labels=["model_name"])
+            g.add_metric([model], float(stats.get(key, 0)))
+            return g
+
+        yield gauge("num_requests_running", "Requests being decoded or prefilled.", "num_requests_running")
+        yield gauge("num_requests_waiting", "Requests waiting for the scheduler.", "num_requests_waiting")
+        yield gauge("kv_cache_blocks_used", "Paged KV-cache blocks in use.", "kv_blocks_used")
+        yield gauge("kv_cache_blocks_free", "Paged KV-cache blocks free.", "kv_blocks_free")
+        yield gauge("kv_cache_blocks_total", "Paged KV-cache blocks in all.", "kv_blocks_total")
+        yield gauge("state_slots_used", "Linear-attention state slots in use.", "state_slots_used")
+        yield gauge("state_slots_total", "Linear-attention state slots in all.", "state_slots_total")
+        yield gauge("num_preemptions", "Sequences preempted (recomputed) so far.", "num_preemptions")
+        total = stats.get("kv_blocks_total", 0) or 1
+        g = GaugeMetricFamily("g906:kv_cache_usage_perc", "Fraction of KV-cache blocks in use.", labels=["model_name"])
+        g.add_metric([model], stats.get("kv_blocks_used", 0) / total)
+        yield g
+
+
+class Metrics:
+    """Also the AsyncEngine observer."""
+
+    def __init__(self, state):
+        self.registry = CollectorRegistry()
+        self.registry.register(_EngineCollector(state))
+        m = state.served_model_name
+        r = self.registry
+        self.prompt_tokens = Counter("g906:prompt_tokens", "Prompt tokens of finished requests.", ["model_name"], registry=r).labels(m)
+        self.generation_tokens = Counter("g906:generation_tokens", "Generated tokens.", ["model_name"], registry=r).labels(m)
+        self._finished = Counter("g906:request_success", "Finished requests by finish reason.",
+                                 ["model_name", "finished_reason"], registry=r)
+        self.model = m
+        self.ttft = Histogram("g906:time_to_first_token_seconds", "Time to first token.", ["model_name"],
+                              buckets=_LATENCY_BUCKETS, registry=r).labels(m)
+        self.itl = Histogram("g906:inter_token_latency_seconds", "Time between tokens of one sequence.",
+                             ["model_name"], buckets=_LATENCY_BUCKETS, registry=r).labels(m)
+        self.http_errors = Counter("g906:http_errors", "Error responses by status.", ["status"], registry=r)
+
+    # observer
+    def on_first_token(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+        self.generation_tokens.inc()
+
+    def on_token(self, seconds: float) -> None:
+        self.itl.observe(seconds)
+        self.generation_tokens.inc()
+
+    def on_finish(self, out) -> None:
+        self._finished.labels(self.model, out.finish_reason or "unknown").inc()
+
+    def on_prompt(self, num_tokens: int) -> None:
+        self.prompt_tokens.inc(num_tokens)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,84 @@
+"""/openapi.json: the OpenAPI 3.1 document of the routes, generated from the pydantic models
+that validate the requests and build the responses."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic.json_schema import models_json_schema
+
+from g906 import __version__
+from g906.server import protocol as P
+
+_REF = "#/components/schemas/{model}"
+
+
+def _ref(name: str) -> dict:
+    return {"$ref": _REF.format(model=name)}
+
+
+def _errors(*statuses: int) -> dict:
+    text = {400: "Bad parameters (unknown model, prompt too long, wrong types or ranges).",
+            401: "Missing or wrong API key.", 413: "Request body too large.",
+            503: "Not ready, or the request queue is full."}
+    return {str(s): {"description": text[s], "content": {"application/json": {"schema": _ref("ErrorResponse")}}}
+            for s in statuses}
+
+
+@lru_cache(maxsize=1)
+def openapi_document() -> dict:
+    models = [(P.ChatCompletionRequest, "validation"), (P.CompletionRequest, "validation")]
+    models += [(m, "serialization") for m in (
+        P.ChatCompletionResponse, P.ChatCompletionChunk, P.CompletionResponse, P.ModelList, P.ModelCard,
+        P.ErrorResponse, P.VersionInfo, P.HealthInfo)]
+    _, top = models_json_schema(models, ref_template=_REF)
+    schemas = top.get("$defs", {})
+    security = [{"bearer": []}]
+
+    def post(op, summary, req, resp, chunk):
+        return {"post": {
+            "operationId": op, "summary": summary, "security": security,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(req)}}},
+            "responses": {
+                "200": {"description": f"A {resp} object, or (stream=true) server-sent events of {chunk} "
+                        "objects ending with `data: [DONE]`.",
+                        "content": {"application/json": {"schema": _ref(resp)},
+                                    "text/event-stream": {"schema": {"type": "string"}}},
+                        "headers": {"x-g906-ignored-fields": {
+                            "description": "Request fields that were accepted but are not implemented.",
+                            "schema": {"type": "string"}}}},
+                **_errors(400, 401, 413, 503),
+            }}}
+
+    def get(op, summary, resp, *, auth=False, media="application/json", errors=()):
+        content = {media: {"schema": _ref(resp) if resp else {"type": "string"}}}
+        op_ = {"operationId": op, "summary": summary,
+               "responses": {"200": {"description": summary, "content": content}, **_errors(*errors)}}
+        if auth:
+            op_["security"] = security
+        return {"get": op_}
+
+    paths = {
+        "/v1/chat/completions": post("createChatCompletion", "Chat completion", "ChatCompletionRequest",
+                                     "ChatCompletionResponse", "ChatCompletionChunk"),
+        "/v1/completions": post("createCompletion", "Text completion", "CompletionRequest",
+                                "CompletionResponse", "CompletionResponse"),
+        "/v1/models": get("listModels", "The served model", "ModelList", auth=True, errors=(401,)),
+        "/v1/models/{model_id}": {"get": {
+            "operationId": "retrieveModel", "summary": "One model", "security": security,
+            "parameters": [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "responses": {"200": {"description": "The model", "content": {"application/json": {"schema": _ref("ModelCard")}}},
+                          "404": {"description": "No such model",
+                                  "content": {"application/json": {"schema": _ref("ErrorResponse")}}},
+                          **_errors(401)}}},
+        "/health": get("health", "200 when the model is loaded and warmed up, 503 before", "HealthInfo", errors=(503,)),
+        "/metrics": get("metrics", "Prometheus metrics", None, media="text/plain"),
+        "/version": get("version", "Server version", "VersionInfo"),
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "g906 OpenAI-compatible API", "version": __version__},
+        "paths": paths,
+        "components": {"schemas": schemas,
+                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    }

@@ -1,0 +1,303 @@
+"""OpenAI protocol models: request bodies (validated here) and response bodies (built here).
+
+The same models produce /openapi.json. Request models accept fields they do not declare
+(clients send many: user, parallel_tool_calls, service_tier...); the server names those in the
+x-g906-ignored-fields header and the log instead of failing or dropping them silently."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from g906.engine.sampling_params import MAX_LOGPROBS
+
+MAX_N = 16
+MAX_STOP = 16
+
+
+class _Req(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _Resp(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def ignored_fields(model: BaseModel, prefix: str = "") -> list[str]:
+    """Names of the fields in a validated request that no model declared (dotted, sorted)."""
+    out: list[str] = []
+    for k in (model.model_extra or {}):
+        out.append(prefix + k)
+    for name in type(model).model_fields:
+        v = getattr(model, name)
+        if isinstance(v, BaseModel):
+            out.extend(ignored_fields(v, f"{prefix}{name}."))
+        elif isinstance(v, list):
+            seen: set[str] = set()
+            for item in v:
+                if isinstance(item, BaseModel):
+                    for f in ignored_fields(item, f"{prefix}{name}[]."):
+                        if f not in seen:
+                            seen.add(f)
+                            out.append(f)
+    return sorted(set(out))
+
+
+# -- requests ---------------------------------------------------------------------------------------
+
+class StreamOptions(_Req):
+    include_usage: bool = Field(False, description="Send a last chunk with usage and no choices.")
+    continuous_usage_stats: bool = Field(False, description="Put usage in every chunk.")
+
+
+class TextPart(_Req):
+    type: Literal["text"]
+    text: str
+
+
+class OtherPart(_Req):
+    type: str
+
+
+ContentPart = Union[TextPart, OtherPart]
+
+
+class ChatMessage(_Req):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = Field(None, description="Earlier reasoning (assistant turns).")
+    reasoning: str | None = None
+
+
+class ResponseFormat(_Req):
+    type: Literal["text", "json_object", "json_schema"]
+
+
+class _SamplingFields(_Req):
+    model: str | None = Field(None, description="The served model name (optional: there is one).")
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=-1, description="-1 or 0: disabled.")
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=MAX_N)
+    seed: int | None = Field(None, ge=-(2**63), lt=2**64)
+    stop: str | list[str] | None = Field(None, description="Up to 16 strings; generation ends before the first.")
+    stop_token_ids: list[int] | None = Field(None, max_length=64)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=2.0)
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v):
+        if v is None:
+            return v
+        items = [v] if isinstance(v, str) else v
+        if len(items) > MAX_STOP:
+            raise ValueError(f"at most {MAX_STOP} stop strings")
+        if any(not s for s in items):
+            raise ValueError("stop strings must not be empty")
+        return v
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_ids(cls, v):
+        if v is not None and any(t < 0 for t in v):
+            raise ValueError("token ids must be non-negative")
+        return v
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1, description="Deprecated name of max_completion_tokens.")
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[dict[str, Any]] | None = Field(None, description="Passed to the chat template.")
+    response_format: ResponseFormat | None = None
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="Extra chat template variables, e.g. {\"enable_thinking\": false}."
+    )
+    add_generation_prompt: bool = True
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        description="Text, a list of texts, token ids, or a list of token-id lists."
+    )
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v):
+        if isinstance(v, list):
+            if not v:
+                raise ValueError("the prompt list is empty")
+            for p in v:
+                if isinstance(p, list) and not p:
+                    raise ValueError("a token-id prompt is empty")
+                if isinstance(p, list) and any(t < 0 for t in p):
+                    raise ValueError("token ids must be non-negative")
+            if all(isinstance(t, int) for t in v) and any(t < 0 for t in v):
+                raise ValueError("token ids must be non-negative")
+        return v
+
+
+# -- responses --------------------------------------------------------------------------------------
+
+def now() -> int:
+    return int(time.time())
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class Usage(_Resp):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class TopLogprob(_Resp):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(_Resp):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(_Resp):
+    content: list[TokenLogprob] | None = None
+
+
+class ResponseMessage(_Resp):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ChatChoice(_Resp):
+    index: int
+    message: ResponseMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: Literal["stop", "length", "abort"] | None
+    stop_reason: str | int | None = None
+
+
+class ChatCompletionResponse(_Resp):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class DeltaMessage(_Resp):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+
+class ChatChunkChoice(_Resp):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: Literal["stop", "length", "abort"] | None = None
+    stop_reason: str | int | None = None
+
+
+class ChatCompletionChunk(_Resp):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class CompletionLogprobs(_Resp):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(_Resp):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: Literal["stop", "length", "abort"] | None
+    stop_reason: str | int | None = None
+
+
+class CompletionResponse(_Resp):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class ModelCard(_Resp):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "g906"
+    root: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(_Resp):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorInfo(_Resp):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(_Resp):
+    error: ErrorInfo
+
+
+class VersionInfo(_Resp):
+    version: str
+    model: str | None = None
+    engine: dict[str, Any] = Field(default_factory=dict)
+
+
+class HealthInfo(_Resp):
+    status: Literal["ok", "loading", "failed"]
+    detail: str | None = None
