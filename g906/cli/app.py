@@ -24,6 +24,8 @@ COMMAND_MODULES: list[str] = [
     "g906.cli.validate",
     "g906.cli.recipe",
     "g906.cli.rccl",
+    "g906.cli.up",
+    "g906.cli.generate",
 ]
 
 
