@@ -156,6 +156,18 @@ class Ctx:
                 return "cuda"
         return "cpu"
 
+    @functools.cached_property
+    def target_device(self) -> str:
+        """The device the stack is meant for, even when torch cannot use it yet (permissions...):
+        recipe checks are judged against it, so fixing access does not reveal new failures."""
+        if self.engine_device != "cpu":
+            return self.engine_device
+        if self.visible and self.torch_backend in ("rocm", None):
+            return "rocm"
+        if self.facts.nvidia.get("present") and self.torch_backend in ("cuda", None):
+            return "cuda"
+        return "cpu"
+
     # -- plan -------------------------------------------------------------------------------------
     @property
     def tp(self) -> int:

@@ -157,7 +157,7 @@ def tensor_parallel(ctx: Ctx) -> Result:
     if plan is None:
         return skip("no recipe given")
     tp = ctx.tp
-    dev = ctx.engine_device
+    dev = ctx.target_device
     devices = list(plan.devices) if plan.devices else None
     if dev == "cpu":
         if tp > 1:
@@ -165,7 +165,7 @@ def tensor_parallel(ctx: Ctx) -> Result:
                         fix="set parallel.tensor_parallel_size = 1 (the CPU engine runs on one device)")
         return ok("one device (CPU)")
     if dev == "cuda":
-        n = int(ctx.torch.get("device_count") or 0)
+        n = int(ctx.torch.get("device_count") or 0) or len(ctx.facts.nvidia.get("gpus") or [])
     else:
         n = len(ctx.visible)
     if devices:
@@ -189,7 +189,7 @@ def known_bad(ctx: Ctx) -> Result:
     plan = ctx.plan
     if plan is None:
         return skip("no recipe given")
-    arch = ctx.target_arch if ctx.engine_device == "rocm" or ctx.amd else None
+    arch = ctx.target_arch if ctx.target_device == "rocm" else None
     dtype = plan.dtype
     hits = compat.known_bad(arch=arch, moe=_is_moe(plan), quantization=plan.quantization, bits=_quant_bits(plan),
                             dtype=dtype, engine=plan.engine_kind)
@@ -207,7 +207,7 @@ def memory(ctx: Ctx) -> Result:
     plan = ctx.plan
     if plan is None:
         return skip("no recipe given")
-    dev = ctx.engine_device
+    dev = ctx.target_device
     if plan.model_format == "builtin" and not plan.model_facts:
         return ok("builtin synthetic model: a few MiB")
     if dev == "rocm":

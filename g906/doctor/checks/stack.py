@@ -206,7 +206,7 @@ def triton_gfx906(ctx: Ctx) -> Result:
         return skip("the interpreter could not be probed")
     hint = compat.matrix()["triton"]["fork_hint"]
     desc = f"{tr.get('distribution') or 'triton'} {tr.get('version') or '?'}"
-    if _gfx906_target(ctx) and ctx.engine_device == "rocm":
+    if _gfx906_target(ctx) and ctx.target_device == "rocm":
         if not tr.get("found"):
             return warn("Triton is not installed: the engine uses its PyTorch reference ops (slower)", fix=hint)
         if tr.get("error"):
@@ -219,13 +219,13 @@ def triton_gfx906(ctx: Ctx) -> Result:
                     "Triton kernels fail to compile for gfx906; the engine falls back to its PyTorch reference ops "
                     "(correct, slower).", hint)
     if not tr.get("found"):
-        if ctx.engine_device == "cpu":
+        if ctx.target_device == "cpu":
             return ok("not installed (not needed on the CPU)")
         return warn("Triton is not installed: the engine uses its PyTorch reference ops (slower)",
                     fix="pip install triton")
     if tr.get("error"):
         return warn(f"Triton is broken: {tr['error']}", fix="pip install --force-reinstall triton")
-    if ctx.engine_device == "cpu":
+    if ctx.target_device == "cpu":
         return ok(f"{desc} (on the CPU the kernels run only under TRITON_INTERPRET=1)")
     return ok(desc)
 
@@ -273,11 +273,15 @@ def rocblas_tensile(ctx: Ctx) -> Result:
             return fail("no librocblas.so found (torch/lib or $ROCM_PATH/lib)",
                         fix="reinstall the torch ROCm wheel, or install rocblas from your ROCm release")
         return skip("no librocblas.so found")
+    shown = [s for s in rb.get("search", []) if s.get("exists")] or rb.get("search", [])
     searched = "\n".join(
         f"  {s['path']}: " + ("missing" if not s.get("exists") else
                               (f"{s.get('file_count', 0)} gfx906 file(s)" if s.get("file_count") else
                                "no gfx906 files" + (f" (has {', '.join(s.get('archs')[:6])})" if s.get("archs") else "")))
-        for s in rb.get("search", []))
+        for s in shown)
+    absent = len(rb.get("search", [])) - len(shown)
+    if absent:
+        searched += f"\n  ({absent} other candidate folder(s) do not exist)"
     lib = rb["library"]
     if rb.get("found"):
         return ok(f"gfx906 Tensile files in {rb['found_in']}", f"rocBLAS: {lib}\nsearched:\n{searched}")
