@@ -57,6 +57,7 @@ _PHASE_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
 _IGNORE_RE = re.compile(r"non-default args|with config:|engine_args|EngineArgs\(", re.I)
 
 Echo = Union[IO[str], Callable[[str], None], None]
+STDERR = "stderr"   # serve(echo=...) default: whatever sys.stderr is when serve() runs
 OnPhase = Callable[[str, str], None]
 
 
@@ -196,7 +197,7 @@ class _Echo:
 
 
 def serve(cmd, *, log_file: str | os.PathLike | None = None, ready_timeout_s: float | None = None,
-          on_phase: OnPhase | None = None, echo: Echo = sys.stderr, prefix: str = "vllm | ",
+          on_phase: OnPhase | None = None, echo: Echo | str = STDERR, prefix: str = "vllm | ",
           poll_interval_s: float = 0.2, kill_grace_s: float = 20.0, tail_lines: int = 30,
           forward_signals: bool = True, check_port: bool = True) -> int:
     """Run cmd (a VllmCommand) until it exits; returns its exit status (signal N -> 128+N).
@@ -214,7 +215,7 @@ def serve(cmd, *, log_file: str | os.PathLike | None = None, ready_timeout_s: fl
     if check_port:
         check_port_free(cmd.host, cmd.port)
 
-    say = _Echo(echo, prefix)
+    say = _Echo(sys.stderr if echo == STDERR else echo, prefix)
     tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
     phases: queue.Queue[tuple[str, str]] = queue.Queue()
     log_fh = None
@@ -332,6 +333,10 @@ def serve(cmd, *, log_file: str | os.PathLike | None = None, ready_timeout_s: fl
         for s, h in previous.items():
             signal.signal(s, h)
         if log_fh is not None:
+            try:
+                log_fh.write(f"==== g906: vLLM exited with status {_normalise_rc(proc.returncode)}\n".encode())
+            except (OSError, ValueError, TypeError):
+                pass
             log_fh.close()
 
     rc = proc.returncode

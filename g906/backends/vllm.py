@@ -103,7 +103,16 @@ class VllmCommand:
 def detect_vllm_for_plan(plan, *, refresh: bool = False) -> VllmInstall:
     """detect_vllm with the recipe's engine.vllm.python / engine.vllm.executable."""
     opts = plan.recipe.engine.vllm
-    return detect_vllm(python=opts.python, executable=opts.executable, refresh=refresh)
+    base = Path(plan.recipe_path).parent if plan.recipe_path is not None else None
+
+    def here(value: str | None) -> str | None:
+        # a relative path in a recipe is relative to the recipe's directory; a bare name is a PATH lookup
+        if value is None or os.sep not in value or base is None:
+            return value
+        p = Path(os.path.expanduser(value))
+        return str(p if p.is_absolute() else base / p)
+
+    return detect_vllm(python=here(opts.python), executable=here(opts.executable), refresh=refresh)
 
 
 def _num(x: float) -> str:

@@ -108,3 +108,15 @@ def test_broken_vllm_reports_its_error(fake_vllm):
     with pytest.raises(VllmProbeError) as ei:
         detect_vllm()
     assert any("libamdhip64" in line for line in ei.value.details)
+
+
+def test_recipe_paths_are_relative_to_the_recipe(fake_vllm, tmp_path, monkeypatch):
+    from g906.backends.vllm import detect_vllm_for_plan
+
+    from .planfactory import make_plan
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    plan = make_plan(engine={"kind": "vllm", "vllm": {"executable": "bin/vllm"}})
+    plan.recipe_path = tmp_path / "recipe.toml"          # the fake lives in tmp_path/bin/vllm
+    inst = detect_vllm_for_plan(plan)
+    assert inst.command == [str(fake_vllm.exe)]

@@ -133,6 +133,15 @@ def test_crash_during_startup_reports_last_lines(fake_vllm, command, tmp_path):
     assert str(tmp_path / "v.log") in err.hint
     assert "ready" not in rec.phases
     assert _wait_dead(fake_vllm.recorded()["worker_pid"])   # orphaned worker of the group is ended
+    assert (tmp_path / "v.log").read_text().splitlines()[-1] == "==== g906: vLLM exited with status 7"
+
+
+def test_log_goes_to_stderr_by_default(fake_vllm, command, capfd):
+    fake_vllm.set(mode="crash", delay=0)
+    with pytest.raises(VllmStartupError):
+        serve(command(), ready_timeout_s=20, **FAST)
+    err = capfd.readouterr().err
+    assert "vllm | ERROR fake-vllm: Engine core initialization failed." in err
 
 
 def test_hang_until_timeout_stops_the_group(fake_vllm, command):
