@@ -209,6 +209,8 @@ class TinyRunner:
     def step(self, seqs: list[int], tokens: list[list[int]], is_prefill: bool = True) -> torch.Tensor:
         """Run new tokens of several sequences in one flat batch; returns the last-position
         logits of each sequence [B, V] (fp32)."""
+        if self.model.cache is not self.cache:  # another runner bound its cache meanwhile
+            self.model.bind_cache(self.cache)
         new = [len(t) for t in tokens]
         for s in seqs:
             if self.lens[s] == 0:
