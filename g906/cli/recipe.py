@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
 
 import typer
 
-from g906.cli.output import err_console
+from g906.cli.output import err_console, report_error
+from g906.errors import G906Error
 
 recipe_app = typer.Typer(help="Recipe tools: JSON Schema for editors, scaffolds for models.", no_args_is_help=True)
+
+
+def _reporting(fn):
+    """Known errors become "Error: ... / Hint: ..." and their exit status, here in the command."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except G906Error as exc:
+            raise typer.Exit(report_error(exc)) from None
+
+    return wrapper
 
 
 def _write(path: Path, text: str, force: bool) -> None:
@@ -30,6 +45,7 @@ def _write(path: Path, text: str, force: bool) -> None:
 
 
 @recipe_app.command("schema")
+@_reporting
 def schema(
     output: Path = typer.Option(None, "-o", "--output", help="Write to this file instead of stdout."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
@@ -46,6 +62,7 @@ def schema(
 
 
 @recipe_app.command("new")
+@_reporting
 def new(
     model_path: str = typer.Argument(..., help="A GGUF file, a Hugging Face model directory, or builtin:<name>."),
     output: Path = typer.Option(None, "-o", "--output", help="Write the recipe here instead of stdout."),

@@ -33,6 +33,8 @@ def _toml_value(v: Any) -> str:
 
 def _render_recipe(recipe) -> Text:
     """The recipe as TOML, every default filled in; keys the file set are bold."""
+    from pydantic import BaseModel
+
     out = Text()
     data = recipe.model_dump(mode="json")
 
@@ -41,7 +43,7 @@ def _render_recipe(recipe) -> Text:
         nested = []
         for key, value in values.items():
             sub = getattr(model, key, None) if model is not None else None
-            if isinstance(value, dict) and hasattr(sub, "model_fields") and key not in ("image", "video"):
+            if isinstance(value, dict) and isinstance(sub, BaseModel) and key not in ("image", "video"):
                 nested.append((f"{name}.{key}", sub, value))
                 continue
             is_set = model is None or key in model.model_fields_set
@@ -146,7 +148,7 @@ def validate(
     console.print(Text("# plan\n", style="bold cyan"), end="")
     console.print(_render_plan(plan))
     for w in plan.warnings:
-        err_console.print(Text(w, style="yellow"))
+        err_console.print(Text(w, style="yellow"), soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

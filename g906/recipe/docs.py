@@ -91,7 +91,7 @@ class _Renderer:
         if required:
             return "*required*"
         if "default" not in node:
-            return "—"
+            return "`[]`" if self.deref(node).get("type") == "array" else "—"
         d = node["default"]
         return "unset" if d is None else f"`{_toml(d)}`"
 

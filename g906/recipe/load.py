@@ -191,7 +191,7 @@ def _explain_syntax(msg: str, source: str, col0: int) -> tuple[str, str | None, 
     if msg.startswith("Expected '=' after a key"):
         return msg, 'every setting is written key = value, e.g. port = 8000', 1
     if "Unclosed" in msg or "Unterminated" in msg:
-        return msg, "close it on the same statement; check for a missing bracket or quote", 1
+        return msg, "check for a missing closing bracket, brace or quote", 1
     return msg, None, 1
 
 

@@ -106,6 +106,8 @@ def unknown_key_help(key: str, parent: tuple) -> str | None:
     close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
     if close:
         return f'did you mean "{close[0]}"?'
+    if parent and key in Recipe.model_fields:
+        return f"[{key}] is a top-level table; write it outside {table_name(parent)}"
     here = ".".join(str(p) for p in parent)
     for section, sec_cls in _all_sections().items():
         if section != here and key in sec_cls.model_fields:
