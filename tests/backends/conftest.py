@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import copy
 import json
 import os
 import socket
 import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -72,3 +74,26 @@ def free_port() -> int:
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+@pytest.fixture(scope="session")
+def _session_install(tmp_path_factory):
+    """One fake vLLM (default flavour) detected once per session: most tests only need its flags.
+    The fake reads FAKE_VLLM_* at run time, so per-test settings still reach it through serve()."""
+    root = tmp_path_factory.mktemp("session-vllm")
+    exe = root / "bin" / "vllm"
+    exe.parent.mkdir()
+    exe.write_text(f"#!{sys.executable}\n" + SRC.read_text())
+    exe.chmod(0o755)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_VLLM_")}
+    clean["G906_CACHE_DIR"] = str(root / "cache")
+    with mock.patch.dict(os.environ, clean, clear=True):
+        inst = vllm_detect.detect_vllm(executable=str(exe))
+    vllm_detect.clear_memo()
+    return inst
+
+
+@pytest.fixture
+def vllm(fake_vllm, _session_install):
+    """A detected fork-flavoured vLLM (a private copy: tests may edit its flags)."""
+    return copy.deepcopy(_session_install)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from g906.backends.errors import VllmUnsupportedError
-from g906.backends.vllm import build_vllm_command, check_plan_against_vllm, detect_vllm, format_dry_run
+from g906.backends.vllm import build_vllm_command, check_plan_against_vllm, format_dry_run
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "recipes").glob("*.toml"))
@@ -39,10 +39,9 @@ def _golden() -> dict:
     return json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
 
 
-@pytest.fixture
-def vllm(fake_vllm, monkeypatch):
+@pytest.fixture(autouse=True)
+def _home(monkeypatch):
     monkeypatch.setenv("HOME", HOME)
-    return detect_vllm()
 
 
 def _entry(path: Path, vllm) -> dict:

@@ -43,10 +43,10 @@ def _wait_dead(pid: int, timeout: float = 5.0) -> bool:
 
 
 @pytest.fixture
-def command(fake_vllm, free_port):
+def command(vllm, free_port):
     def make(**sections):
         sections.setdefault("server", {}).setdefault("port", free_port)
-        return build_vllm_command(make_plan(**sections), detect_vllm())
+        return build_vllm_command(make_plan(**sections), vllm)
     return make
 
 
@@ -215,9 +215,9 @@ def test_environment_reaches_vllm(fake_vllm, command, monkeypatch):
     assert env["PATH"] == os.environ["PATH"]           # the rest is inherited
 
 
-def test_missing_secret_refuses_to_start(fake_vllm, command, monkeypatch):
+def test_missing_secret_refuses_to_start(fake_vllm, vllm):
     plan = make_plan(server={"api_key_env": "G906_UNSET_KEY"})
-    cmd = build_vllm_command(plan, detect_vllm(), environ={}, allow_missing_secret=True)
+    cmd = build_vllm_command(plan, vllm, environ={}, allow_missing_secret=True)
     with pytest.raises(MissingSecretError):
         serve(cmd, ready_timeout_s=5, echo=None, **FAST)
     assert "serve" not in fake_vllm.call_log()
