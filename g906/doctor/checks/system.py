@@ -169,7 +169,7 @@ def _access(ctx: Ctx, nodes: list[dict[str, Any]], what: str) -> Result:
     missing = [n for n in nodes if not n.get("exists")]
     denied = [n for n in nodes if n.get("exists") and not (n.get("read") and n.get("write"))]
     if missing:
-        return fail(f"{', '.join(n['path'] for n in missing)} missing",
+        return fail(f"{', '.join(n.get('path', '?') for n in missing)} missing",
                     f"ROCm opens {what}; without it no GPU is usable.",
                     "load the amdgpu driver (sudo modprobe amdgpu); in a container pass "
                     "--device=/dev/kfd --device=/dev/dri")
@@ -177,20 +177,20 @@ def _access(ctx: Ctx, nodes: list[dict[str, Any]], what: str) -> Result:
         groups = sorted({n.get("group") or "render" for n in denied})
         who = user.get("name") or f"uid {user.get('uid')}"
         pending = [g for g in groups if g in (user.get("configured_not_active") or [])]
-        detail = "\n".join(f"{n['path']}: mode {n.get('mode')}, group {n.get('group')}" for n in denied)
+        detail = "\n".join(f"{n.get('path', '?')}: mode {n.get('mode')}, group {n.get('group')}" for n in denied)
         detail += f"\n{who} is in: {', '.join(user.get('groups') or []) or 'no groups'}"
         if pending:
-            return fail(f"no read/write access to {', '.join(n['path'] for n in denied)} (group change not active yet)",
+            return fail(f"no read/write access to {', '.join(n.get('path', '?') for n in denied)} (group change not active yet)",
                         detail, "log out and back in (or run: newgrp " + pending[0] + ") so the new group applies")
-        return fail(f"no read/write access to {', '.join(n['path'] for n in denied)}", detail,
+        return fail(f"no read/write access to {', '.join(n.get('path', '?') for n in denied)}", detail,
                     f"sudo usermod -aG {','.join(sorted(set(groups) | {'video', 'render'}))} $USER, then log out and back in")
-    return ok(f"{', '.join(n['path'] for n in nodes)} readable and writable" if len(nodes) <= 2
+    return ok(f"{', '.join(n.get('path', '?') for n in nodes)} readable and writable" if len(nodes) <= 2
               else f"{len(nodes)} nodes readable and writable")
 
 
 @check("access.kfd", "Access", "/dev/kfd access")
 def access_kfd(ctx: Ctx) -> Result:
-    kfd = ctx.facts.device_nodes.get("kfd") or {}
+    kfd = ctx.facts.device_nodes.get("kfd") or {"path": "/dev/kfd", "exists": False}
     if not ctx.amd and not kfd.get("exists"):
         return skip("no AMD GPU")
     return _access(ctx, [kfd], "/dev/kfd")
@@ -206,8 +206,8 @@ def access_render(ctx: Ctx) -> Result:
                     "load the amdgpu driver; in a container pass --device=/dev/dri")
     # only the nodes of the visible AMD GPUs matter (other render nodes may belong to an iGPU)
     minors = {g.get("drm_render_minor") for g in ctx.visible if g.get("drm_render_minor") is not None}
-    relevant = [n for n in nodes if not minors or any(n["path"].endswith(f"renderD{m}") for m in minors)]
-    missing_minor = [m for m in minors if not any(n["path"].endswith(f"renderD{m}") for n in nodes)]
+    relevant = [n for n in nodes if not minors or any(n.get("path", "").endswith(f"renderD{m}") for m in minors)]
+    missing_minor = [m for m in minors if not any(n.get("path", "").endswith(f"renderD{m}") for n in nodes)]
     if missing_minor:
         return fail(f"no render node for GPU(s) with minor {', '.join(str(m) for m in sorted(missing_minor))}",
                     fix="in a container pass --device=/dev/dri (all of it)")

@@ -1,0 +1,80 @@
+"""estimate_memory: the arithmetic on known shapes, TP, dtypes, budgets."""
+
+from __future__ import annotations
+
+from g906.doctor.memory import GPU_RUNTIME_OVERHEAD, estimate_memory, fmt_bytes, resolve_dtype
+
+from tests.doctor.plans import GB, QWEN35_9B, make_plan
+
+GiB = 1024 ** 3
+
+
+def test_resolve_dtype():
+    assert resolve_dtype("auto", "rocm", "gfx906") == "float16"
+    assert resolve_dtype("auto", "cuda") == "bfloat16"
+    assert resolve_dtype("auto", "cpu") == "float32"
+    assert resolve_dtype("bfloat16", "rocm") == "bfloat16"
+
+
+def test_kv_and_linear_state_arithmetic(tmp_path):
+    plan = make_plan(tmp_path, facts=QWEN35_9B, weights=5 * GB, max_model_len=8192, max_num_seqs=4)
+    est = estimate_memory(plan, device_kind="rocm", capacities=[32 * GiB])
+    d = est.per_device[0]
+    assert est.dtype == "float16" and est.max_model_len == 8192 and est.max_num_seqs == 4
+    # 32 layers, 1 in 4 full attention -> 8 full layers; K and V; 4 KV heads x 256; fp16
+    assert d.kv_cache == 8 * 2 * 4 * 256 * 2 * 8192 * 4
+    # 24 linear layers: recurrent 32 v-heads x 128 x 128 fp32 + conv (2*16*128 + 32*128) x 3 fp16, x 4 seqs
+    assert d.linear_state == 24 * (32 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) * 3 * 2) * 4
+    assert d.weights == 5 * GB
+    assert d.overhead == GPU_RUNTIME_OVERHEAD
+    assert d.total == d.weights + d.kv_cache + d.linear_state + d.activations + d.overhead
+    assert d.budget == int(32 * GiB * 0.9) and d.fits is True and est.fits is True
+
+
+def test_tensor_parallel_splits_weights_and_kv(tmp_path):
+    p1 = make_plan(tmp_path, facts=QWEN35_9B, weights=8 * GB, tp=1)
+    p2 = make_plan(tmp_path, facts=QWEN35_9B, weights=8 * GB, tp=2)
+    e1 = estimate_memory(p1, device_kind="rocm").per_device
+    e2 = estimate_memory(p2, device_kind="rocm").per_device
+    assert len(e1) == 1 and len(e2) == 2
+    assert e2[0].weights == e1[0].weights // 2
+    assert e2[0].kv_cache == e1[0].kv_cache // 2
+    assert e2[0].linear_state < e1[0].linear_state
+
+
+def test_cpu_uses_float32_and_no_gpu_overhead(tmp_path):
+    plan = make_plan(tmp_path, facts=QWEN35_9B, weights=1 * GB, tp=4)
+    est = estimate_memory(plan, device_kind="cpu", capacities=[16 * GiB])
+    assert est.dtype == "float32" and est.tensor_parallel_size == 1
+    assert [d.device for d in est.per_device] == ["cpu"]
+    assert est.per_device[0].overhead == 0 and est.per_device[0].budget == 16 * GiB
+
+
+def test_hf_bf16_weights_converted_to_fp32_on_cpu(tmp_path):
+    facts = dict(QWEN35_9B, torch_dtype="bfloat16", weights_bytes=4 * GB)
+    plan = make_plan(tmp_path, fmt="hf", quantization="none", facts=facts, weights=4 * GB)
+    assert estimate_memory(plan, device_kind="cpu").per_device[0].weights == 8 * GB
+    assert estimate_memory(plan, device_kind="rocm").per_device[0].weights == 4 * GB
+
+
+def test_does_not_fit_and_unknown_capacity(tmp_path):
+    plan = make_plan(tmp_path, facts=QWEN35_9B, weights=15 * GB, max_model_len=131072, max_num_seqs=16)
+    est = estimate_memory(plan, device_kind="rocm", capacities=[16 * GiB])
+    assert est.fits is False and est.per_device[0].fits is False
+    unknown = estimate_memory(plan, device_kind="rocm")
+    assert unknown.fits is None and unknown.per_device[0].budget is None
+
+
+def test_missing_shapes_and_context_are_assumptions(tmp_path):
+    plan = make_plan(tmp_path, facts={}, weights=1 * GB, max_model_len=None)
+    est = estimate_memory(plan, device_kind="rocm")
+    assert est.per_device[0].kv_cache == 0
+    assert any("max_model_len not set" in a for a in est.assumptions)
+    assert any("layer counts unknown" in a for a in est.assumptions)
+    assert est.to_json()["per_device"][0]["weights"] == 1 * GB
+
+
+def test_fmt_bytes():
+    assert fmt_bytes(None) == "?"
+    assert fmt_bytes(3 * GiB) == "3.0 GiB"
+    assert fmt_bytes(5 * 1024 ** 2) == "5 MiB"
