@@ -86,6 +86,16 @@ def build_tiny_qwen35(seed: int = 0, **over):
     return model
 
 
+@pytest.fixture(scope="module")
+def torch_one_thread():
+    """Tiny tensors: intra-op threads only add overhead, and suffer badly on a busy machine.
+    Use with pytestmark = pytest.mark.usefixtures("torch_one_thread")."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def tiny_qwen35_hf_model():
     return build_tiny_qwen35(seed=0)

@@ -11,17 +11,10 @@ from g906.engine.models.qwen35 import Qwen35ForCausalLM
 
 from .conftest import TinyRunner, build_tiny_qwen35, hf_greedy, hf_logits, random_prompt, rel_err
 
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
 TOL = 1e-4
 PROMPT_LENGTHS = [1, 17, 300]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny tensors: intra-op threads only add overhead (and suffer badly on a busy machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="session")
