@@ -5,14 +5,14 @@
     if decision.blocking:
         raise G906Error(decision.reason, hint=decision.hint)
 
-Facts protocol (what is read from the doctor's facts; a dict, or an object with to_json() /
-dataclass fields giving such a dict; every key optional):
+Facts: a g906.doctor.facts.Facts (its visible_amd_gpus(), torch, python and rccl fields are
+read), or any dict of the same shape; every key is optional:
 
-    gpu_archs: ["gfx906", ...]                       or
-    gpus: [{"arch": "gfx906:sramecc+:xnack-"}, ...]  (keys tried: arch, gfx, gfx_target, gcn_arch_name, name)
-    torch: {"lib_dir": ".../torch/lib", "python": "/path/bin/python", "version": "2.9.1+rocm6.4"}
-    torch_lib_dir / python                           (flat alternatives)
-    rccl: {"path": ".../librccl.so.1", "has_gfx906": false, "gfx_archs": [...], "offload_targets": [...]}
+    gpus: [{"gfx": "gfx906", ...}, ...]              (keys tried: gfx, arch, gfx_target, gcn_arch_name, name)
+    gpu_archs: ["gfx906", ...]                       (a flat alternative)
+    torch: {"lib_dir": ".../torch/lib", ...}         or torch_lib_dir: "..."
+    python: {"executable": "/path/bin/python"}       or torch.python / a plain string
+    rccl: {"has_gfx906": false, "gfx_targets": [...], "offload_targets": [...]}
 
 When facts say nothing about RCCL, the library in torch/lib is inspected directly; when they say
 nothing about torch, the current interpreter's torch is located (in a subprocess).
@@ -94,7 +94,7 @@ def gpu_archs(facts: Mapping[str, Any]) -> list[str]:
     for a in facts.get("gpu_archs") or []:
         archs.append(str(a))
     for g in facts.get("gpus") or []:
-        for key in ("arch", "gfx", "gfx_target", "gcn_arch_name", "name"):
+        for key in ("gfx", "arch", "gfx_target", "gcn_arch_name", "name"):
             v = _get(g, key)
             if isinstance(v, str) and v.startswith("gfx"):
                 archs.append(v)
@@ -127,6 +127,8 @@ def ensure_rccl_for_plan(plan: Any, facts: Any, *, assume_yes: bool, dry_run: bo
     if tp <= 1:
         return RcclDecision(NOT_NEEDED, "single GPU (tensor_parallel_size = 1): RCCL is not used")
     f = _as_dict(facts)
+    if hasattr(facts, "visible_amd_gpus"):          # g906.doctor.facts.Facts: the GPUs HIP would see
+        f["gpus"] = facts.visible_amd_gpus()
     archs = gpu_archs(f)
     if "gfx906" not in archs:
         seen = ", ".join(sorted(set(archs))) or "no AMD GPU reported"
@@ -150,7 +152,8 @@ def ensure_rccl_for_plan(plan: Any, facts: Any, *, assume_yes: bool, dry_run: bo
 
     has_gfx906 = _get(f, "rccl", "has_gfx906")
     if has_gfx906 is None:
-        targets = _get(f, "rccl", "offload_targets") or _get(f, "rccl", "gfx_archs")
+        targets = (_get(f, "rccl", "offload_targets") or _get(f, "rccl", "gfx_targets")
+                   or _get(f, "rccl", "gfx_archs"))
         if targets:
             has_gfx906 = any("gfx906" in str(t) for t in targets)
     if has_gfx906 is None:
