@@ -232,15 +232,37 @@ def serve(cmd, *, log_file: str | os.PathLike | None = None, ready_timeout_s: fl
         log_fh.write(f"==== g906 {stamp}: {shown}\n".encode())
         log_fh.flush()
 
+    signals_seen: list[int] = []
+    first_signal_at: list[float] = []
+    previous: dict[int, object] = {}
+    box: dict[str, subprocess.Popen] = {}
+
+    def on_signal(signum, _frame) -> None:
+        signals_seen.append(signum)
+        if not first_signal_at:
+            first_signal_at.append(time.monotonic())
+        p = box.get("proc")
+        if p is not None and p.poll() is None:
+            _killpg(p.pid, signum if len(signals_seen) == 1 else signal.SIGKILL)
+
+    # handlers first: a Ctrl-C that lands while vLLM is being started still reaches it
+    if forward_signals and threading.current_thread() is threading.main_thread():
+        for s in (signal.SIGINT, signal.SIGTERM):
+            previous[s] = signal.signal(s, on_signal)
     try:
         proc = subprocess.Popen(cmd.argv, env=cmd.full_env(), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     except OSError as exc:
+        for s, h in previous.items():
+            signal.signal(s, h)
         if log_fh:
             log_fh.close()
         raise VllmNotFoundError(f"cannot start {cmd.argv[0]}: {exc.strerror or exc}",
                                 "check engine.vllm.executable / engine.vllm.python") from exc
+    box["proc"] = proc
     pgid = proc.pid   # start_new_session: the child leads its own session and process group
+    if signals_seen:
+        _killpg(pgid, signals_seen[0])
 
     def pump() -> None:
         assert proc.stdout is not None
@@ -264,22 +286,6 @@ def serve(cmd, *, log_file: str | os.PathLike | None = None, ready_timeout_s: fl
                 phases.put((ph, line))
 
     reader = threading.Thread(target=pump, name="vllm-log", daemon=True)
-    reader.start()
-
-    signals_seen: list[int] = []
-    first_signal_at: list[float] = []
-    previous: dict[int, object] = {}
-
-    def on_signal(signum, _frame) -> None:
-        signals_seen.append(signum)
-        if not first_signal_at:
-            first_signal_at.append(time.monotonic())
-        if proc.poll() is None:
-            _killpg(pgid, signum if len(signals_seen) == 1 else signal.SIGKILL)
-
-    if forward_signals and threading.current_thread() is threading.main_thread():
-        for s in (signal.SIGINT, signal.SIGTERM):
-            previous[s] = signal.signal(s, on_signal)
 
     def emit(phase: str, line: str) -> None:
         if on_phase is not None:
@@ -291,6 +297,7 @@ def serve(cmd, *, log_file: str | os.PathLike | None = None, ready_timeout_s: fl
     phase = STARTING
     timed_out = False
     try:
+        reader.start()
         emit(STARTING, " ".join(getattr(cmd, "redacted_argv", None) or []))
         while True:
             while not phases.empty():
@@ -329,7 +336,8 @@ def serve(cmd, *, log_file: str | os.PathLike | None = None, ready_timeout_s: fl
             while _group_alive(pgid) and time.monotonic() < end:
                 time.sleep(0.05)
             _killpg(pgid, signal.SIGKILL)
-        reader.join(timeout=5.0)
+        if reader.is_alive():
+            reader.join(timeout=5.0)
         for s, h in previous.items():
             signal.signal(s, h)
         if log_fh is not None:
