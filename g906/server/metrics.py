@@ -32,6 +32,7 @@ class _EngineCollector:
         yield gauge("state_slots_used", "Linear-attention state slots in use.", "state_slots_used")
         yield gauge("state_slots_total", "Linear-attention state slots in all.", "state_slots_total")
         yield gauge("num_preemptions", "Sequences preempted (recomputed) so far.", "num_preemptions")
+        yield gauge("engine_steps", "Engine steps run so far.", "steps")
         total = stats.get("kv_blocks_total", 0) or 1
         g = GaugeMetricFamily("g906:kv_cache_usage_perc", "Fraction of KV-cache blocks in use.", labels=["model_name"])
         g.add_metric([model], stats.get("kv_blocks_used", 0) / total)

@@ -1,0 +1,144 @@
+"""One real `g906 up` per test session: a subprocess serving builtin:tiny-qwen35 on an ephemeral
+loopback port, with an API key, the qwen3 reasoning parser, a short context and a 1 MiB body
+limit, so that every error path can be reached."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+API_KEY = "test-key-123"
+MAX_MODEL_LEN = 512
+MAX_BODY = 1024 * 1024
+
+MAIN_RECIPE = f"""
+[model]
+source = "builtin:tiny-qwen35"
+name = "tiny"
+
+[limits]
+max_model_len = {MAX_MODEL_LEN}
+max_num_seqs = 16
+max_num_batched_tokens = 256
+
+[engine]
+reasoning_parser = "qwen3"
+
+[engine.embedded]
+max_waiting_requests = 256
+
+[server]
+api_key_env = "G906_TEST_API_KEY"
+"""
+
+
+@dataclass
+class Served:
+    url: str
+    proc: subprocess.Popen
+    lines: list[str]
+    stderr_path: Path
+
+    @property
+    def v1(self) -> str:
+        return self.url + "/v1"
+
+    def metrics(self) -> dict[str, float]:
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        out = {}
+        for line in text.splitlines():
+            if line.startswith("#") or not line.strip():
+                continue
+            name, _, value = line.rpartition(" ")
+            out[re.sub(r"\{.*\}", "", name)] = float(value)
+        return out
+
+
+def server_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "G906_TEST_API_KEY": API_KEY,
+        "G906_MAX_REQUEST_BYTES": str(MAX_BODY),
+        "OMP_NUM_THREADS": "1",           # one torch thread: much faster on a shared 2-core box
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+def start_server(tmp: Path, recipe_text: str, *, timeout: float = 180.0, ready: bool = True) -> Served:
+    recipe = tmp / "recipe.toml"
+    recipe.write_text(recipe_text)
+    err = tmp / "stderr.txt"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "g906", "up", str(recipe), "--port", "0", "--skip-doctor"],
+        stdout=subprocess.PIPE, stderr=open(err, "w"), text=True, env=server_env(), cwd=tmp,
+    )
+    lines: list[str] = []
+    q: queue.Queue = queue.Queue()
+
+    def reader():
+        for line in proc.stdout:
+            lines.append(line)
+            q.put(line)
+        q.put(None)
+
+    threading.Thread(target=reader, daemon=True).start()
+    url = None
+    deadline = time.monotonic() + timeout
+    want = "Ready:" if ready else "Listening on"
+    while time.monotonic() < deadline:
+        try:
+            line = q.get(timeout=1)
+        except queue.Empty:
+            continue
+        if line is None:
+            break
+        m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        if m and url is None:
+            url = m.group(0)
+        if want in line:
+            return Served(url, proc, lines, err)
+    proc.kill()
+    raise RuntimeError(f"g906 up did not become ready:\n{''.join(lines)}\n{err.read_text()}")
+
+
+def stop_server(s: Served, sig=signal.SIGINT, timeout: float = 60.0) -> int:
+    if s.proc.poll() is None:
+        s.proc.send_signal(sig)
+        try:
+            s.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            s.proc.kill()
+            s.proc.wait()
+    return s.proc.returncode
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    s = start_server(tmp_path_factory.mktemp("g906-up"), MAIN_RECIPE)
+    yield s
+    code = stop_server(s)
+    assert code == 0, s.stderr_path.read_text()[-3000:]
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=server.v1, api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def aclient(server):
+    openai = pytest.importorskip("openai")
+    return openai.AsyncOpenAI(base_url=server.v1, api_key=API_KEY, max_retries=0, timeout=180)
