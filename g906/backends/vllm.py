@@ -325,7 +325,7 @@ def _translate(plan, install: VllmInstall, environ: Mapping[str, str]) -> _Built
             problems.append(p)
         else:
             key = environ.get(plan.api_key_env, "")
-            add("--api-key", key, shown=["--api-key", f"${plan.api_key_env}"])
+            add("--api-key", key, shown=["--api-key", _EnvRef(f"${plan.api_key_env}")])
 
     if opts.extra_args:
         problems.extend(_check_extra_args(list(opts.extra_args), install))
@@ -370,8 +370,12 @@ def _display_program(command: list[str]) -> list[str]:
     return list(command)
 
 
+class _EnvRef(str):
+    """A display token that stands for the value of an environment variable ("$NAME")."""
+
+
 def _shell_token(tok: str) -> str:
-    if tok.startswith("$") and tok[1:].replace("_", "a").isalnum():
+    if isinstance(tok, _EnvRef):
         return f'"{tok}"'
     return shlex.quote(tok)
 

@@ -139,7 +139,7 @@ def _shebang_python(path: str) -> str | None:
 
 def _probe_env() -> dict[str, str]:
     env = dict(os.environ)
-    env.setdefault("COLUMNS", "200")          # fewer wrapped help lines
+    env["COLUMNS"] = "200"                    # fewer wrapped help lines
     env["NO_COLOR"] = "1"
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     env.setdefault("PYTHONUNBUFFERED", "1")

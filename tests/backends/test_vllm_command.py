@@ -362,3 +362,9 @@ def test_mmproj_must_sit_beside_the_gguf(vllm):
     assert "not beside /m/a/Qwen3.5-9B-Q4_K_M.gguf" in p
     plan.mmproj_path = Path("/m/a/mmproj-F16.gguf")
     assert check_plan_against_vllm(plan, vllm) == []
+
+
+def test_dollar_in_values_is_quoted_literally(vllm):
+    plan = make_plan(engine={"kind": "vllm", "vllm": {"extra_args": ["--chat-template", "$HOME/t.jinja"]}})
+    cmd = build_vllm_command(plan, vllm, environ={})
+    assert "  --chat-template '$HOME/t.jinja'" in cmd.display.splitlines()[-1]
