@@ -1,0 +1,73 @@
+"""Every error path of `g906 rccl`: one clear sentence, a hint, a non-zero exit, no traceback."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from g906.rccl import install, resolve_target
+from g906.rccl import state as st
+
+from .helpers import assert_clean_error, run_cli
+
+
+def test_bad_python(tmp_path, gfx906_lib):
+    assert_clean_error(run_cli("status", "--python", tmp_path / "nope" / "python"), "was not found")
+    assert_clean_error(run_cli("install", gfx906_lib, "--python", "no-such-python-xyz"), "was not found")
+    d = tmp_path / "dir"
+    d.mkdir()
+    assert_clean_error(run_cli("status", "--python", d), "not an executable")
+
+
+def test_python_without_torch(tmp_path):
+    py = tmp_path / "python"
+    py.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')   # -S: no site-packages, no torch
+    py.chmod(0o755)
+    assert_clean_error(run_cli("status", "--python", py), "torch is not installed")
+
+
+def test_bad_lib_dir(tmp_path):
+    assert_clean_error(run_cli("rollback", "--lib-dir", tmp_path / "nope"), "is not a directory")
+
+
+def test_rollback_without_backup(fake_env):
+    env = fake_env()
+    assert_clean_error(run_cli("rollback", "--python", env.python), "no g906 backup")
+
+
+def test_refusals_through_the_cli(fake_env, gfx906_lib, make_lib):
+    env = fake_env()
+    assert_clean_error(run_cli("install", make_lib("other", archs=("gfx90a",)), "--python", env.python),
+                       "no gfx906 device code", "--force")
+    assert_clean_error(run_cli("install", make_lib("so2", soname="librccl.so.2"), "--python", env.python),
+                       "SONAME is 'librccl.so.2'")
+    install(gfx906_lib, resolve_target(str(env.python)), probe=False)
+    assert_clean_error(run_cli("install", gfx906_lib, "--python", env.python, "--no-probe"), "already this library")
+    st.manifest_path(st.area_for(env.lib_dir)).write_text("{")
+    assert_clean_error(run_cli("rollback", "--python", env.python), "is damaged")
+    s = run_cli("status", "--python", env.python, "--json")       # status still reports, it does not fail
+    assert s.returncode == 0 and json.loads(s.stdout)["state"] == "damaged"
+
+
+def test_json_errors_are_json(fake_env):
+    env = fake_env()
+    p = run_cli("rollback", "--python", env.python, "--json")
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    out = json.loads(p.stdout)
+    assert "no g906 backup" in out["error"] and out["hint"]
+
+
+def test_usage_errors():
+    p = run_cli("probe", "--backend", "mpi")
+    assert_clean_error(p, "unknown probe backend")
+    p = run_cli("install")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+
+
+def test_registered_in_the_root_app():
+    from g906.cli.app import COMMAND_MODULES
+
+    assert "g906.cli.rccl" in COMMAND_MODULES
+    p = subprocess.run([sys.executable, "-m", "g906", "rccl", "--help"], capture_output=True, text=True)
+    assert p.returncode == 0 and "rollback" in p.stdout and "probe" in p.stdout
