@@ -150,7 +150,10 @@ def probe_cmd(
     if res.status != OK:
         if as_json:
             raise typer.Exit(1)
-        raise G906Error(f"probe {res.status}: {res.summary}.", hint=res.hint)
+        hint = res.hint or "run with --verbose to see every rank's output"
+        if res.status != "unavailable":
+            hint += "; if this began after `g906 rccl install`, `g906 rccl rollback` restores torch's original RCCL"
+        raise G906Error(f"probe {res.status}: {res.summary}.", hint=hint)
 
 
 def register(app: typer.Typer) -> None:

@@ -28,7 +28,7 @@ WORKER = Path(__file__).with_name("probe_worker.py")
 OK, FAILED, UNAVAILABLE = "ok", "failed", "unavailable"
 
 _HINTS = [
-    ("undefined symbol", "the new librccl does not match this torch's ROCm (a symbol is missing); use an RCCL built for the same ROCm major version as torch, or roll back"),
+    ("undefined symbol", "the new librccl does not match this torch's ROCm (a symbol is missing); use an RCCL built for the same ROCm major version as torch"),
     ("cannot open shared object", "a library the new librccl needs is missing; check `ldd` on it and your ROCm install"),
     ("hipErrorNoBinaryForGpu", "the library has no device code for this GPU; use a gfx906 build of RCCL"),
     ("invalid device function", "the library has no device code for this GPU; use a gfx906 build of RCCL"),
@@ -162,7 +162,7 @@ def _judge(procs, outputs, timed_out, backend, world, py, seconds, timeout) -> P
     if "import_failed" in kinds:
         err = next(e["error"] for e in flat if e["event"] == "import_failed")
         res.summary = f"import torch failed in the probe: {err}"
-        res.hint = _hint_for(err) or "torch cannot load with this library; roll back (g906 rccl rollback)."
+        res.hint = _hint_for(err) or "torch cannot load with this library in place"
     elif "unavailable" in kinds:
         why = next(e["reason"] for e in flat if e["event"] == "unavailable")
         res.status = UNAVAILABLE
@@ -173,7 +173,7 @@ def _judge(procs, outputs, timed_out, backend, world, py, seconds, timeout) -> P
         res.summary = (f"{e['stage']} returned {e['got']} at index {e['index']} on rank {e['rank']}, "
                        f"expected {e['expected']}")
         res.hint = (_hint_for(all_text) or "the collectives compute wrong results: the library lacks working code "
-                    "for these GPUs; roll back or try NCCL_P2P_DISABLE=1")
+                    "for these GPUs, or P2P between them is broken (try NCCL_P2P_DISABLE=1)")
     elif "error" in kinds:
         e = next(e for e in flat if e["event"] == "error")
         res.summary = f"{e['stage']} failed on rank {e['rank']}: {e['error'].splitlines()[0] if e['error'] else ''}"

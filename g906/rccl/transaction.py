@@ -394,7 +394,8 @@ def _probe_after_install(target: Target, area: Path, m: st.Manifest, result: Ins
     tail = res.output.strip().splitlines()[-40:]
     raise ProbeFailed(
         f"the probe failed after installing, so g906 restored the original library: {res.summary}.",
-        hint=res.hint,
+        hint=(res.hint + "; then run the install again" if res.hint else
+              "fix the library, then run the install again (or skip the check with --no-probe)"),
         details=["probe output (last lines):", *tail, f"rollback: {rb.action}"],
         result={"install": result.to_json(), "probe": res.to_json(), "rollback": rb.to_json()},
     )
