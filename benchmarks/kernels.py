@@ -24,7 +24,7 @@ import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
 from g906.engine.weights import QuantizedTensor  # noqa: E402
-from g906.kernels import registry  # noqa: E402
+from g906.kernels import ops, registry  # noqa: E402,F401
 from g906.kernels.linear import kernel as linear_kernel  # noqa: E402
 from g906.kernels.linear.reference import BLOCKS  # noqa: E402
 
@@ -195,11 +195,27 @@ def bench_decode_attention(quick):
                 nbytes = 2 * B * ctx * m["hk"] * m["hd"] * 2 + 3 * q.numel() * 2
                 ms = bench_graph(lambda: registry.call_triton(
                     "paged_decode_attention", q, kc, vc, tables, sl, scale, gate=gate))
+                best = ""
+                if model == "9B" and (ctx == 32768 or B == 32):
+                    res = []
+                    for bn, nw, ps in ((32, 4, 4), (64, 4, 4), (16, 4, 4), (32, 8, 4), (64, 8, 4),
+                                       (32, 4, 8), (32, 4, 2), (64, 8, 8), (16, 2, 8)):
+                        try:
+                            t = bench_graph(lambda: registry.call_triton(
+                                "paged_decode_attention", q, kc, vc, tables, sl, scale, gate=gate,
+                                block_n=bn, num_warps=nw, per_sm=ps))
+                            res.append((t, (bn, nw, ps)))
+                        except Exception as e:
+                            print("   config", (bn, nw, ps), "failed:", type(e).__name__)
+                    res.sort(key=lambda r: r[0])
+                    if res:
+                        ms = min(ms, res[0][0])
+                        best = f"best (block_n, warps, per_sm)={res[0][1]}"
                 ms_ref = None
                 if B == 1 or not quick:
                     ms_ref = bench_plain(lambda: registry.call_reference(
                         "paged_decode_attention", q, kc, vc, tables, sl, scale, gate=gate), rep=50)
-                record("decode", f"{model} attn B={B} ctx={ctx}", nbytes, ms, ms_ref)
+                record("decode", f"{model} attn B={B} ctx={ctx}", nbytes, ms, ms_ref, best)
                 del kc, vc
         torch.cuda.empty_cache()
 
@@ -229,7 +245,22 @@ def bench_gdn(quick):
                 "gated_delta_rule_decode", q, k, v, a, b, A_log, dt, st, slots))
             ms_ref = bench_graph(lambda: registry.call_reference(
                 "gated_delta_rule_decode", q, k, v, a, b, A_log, dt, st, slots))
-            record("gdn", f"{model} gdn-decode B={B}", nbytes, ms, ms_ref)
+            best = ""
+            if model == "9B":
+                res = []
+                for bv, nw in ((8, 2), (16, 4), (32, 4), (64, 4), (16, 2), (32, 8), (64, 8), (8, 1)):
+                    try:
+                        t = bench_graph(lambda: registry.call_triton(
+                            "gated_delta_rule_decode", q, k, v, a, b, A_log, dt, st, slots,
+                            block_v=bv, num_warps=nw))
+                        res.append((t, (bv, nw)))
+                    except Exception as e:
+                        print("   config", (bv, nw), "failed:", type(e).__name__)
+                res.sort(key=lambda r: r[0])
+                if res:
+                    ms = min(ms, res[0][0])
+                    best = f"best (block_v, warps)={res[0][1]}"
+            record("gdn", f"{model} gdn-decode B={B}", nbytes, ms, ms_ref, best)
         # conv1d decode step on the same layer
         C = 2 * m["lk"] * 128 + m["lv"] * 128
         for B in (1, 32):

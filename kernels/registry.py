@@ -51,7 +51,13 @@ def register(name: str, reference: Callable[..., Any], triton: str | None = None
     return op
 
 
+def _load_ops() -> None:
+    if not _OPS:
+        importlib.import_module(f"{__package__}.ops")  # registers every op
+
+
 def ops() -> dict[str, Op]:
+    _load_ops()
     return dict(_OPS)
 
 
@@ -123,6 +129,7 @@ def _first_tensor(args, kwargs) -> torch.Tensor | None:
 
 def choose(name: str, *args, **kwargs) -> str:
     """'reference' or 'triton' for this call."""
+    _load_ops()
     op = _OPS[name]
     m = mode()
     if m == "reference":
@@ -155,6 +162,7 @@ def choose(name: str, *args, **kwargs) -> str:
 
 
 def dispatch(name: str, *args, **kwargs):
+    _load_ops()
     op = _OPS[name]
     if choose(name, *args, **kwargs) == "triton":
         return op.triton_fn()(*args, **kwargs)
@@ -162,8 +170,10 @@ def dispatch(name: str, *args, **kwargs):
 
 
 def call_reference(name: str, *args, **kwargs):
+    _load_ops()
     return _OPS[name].reference(*args, **kwargs)
 
 
 def call_triton(name: str, *args, **kwargs):
+    _load_ops()
     return _OPS[name].triton_fn()(*args, **kwargs)

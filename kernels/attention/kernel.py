@@ -123,7 +123,7 @@ def _decode_reduce_kernel(po_ptr, pl_ptr, gate_ptr, out_ptr, num_splits, Hq, sg_
     tl.store(out_ptr + b * so_b + h * so_h + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
 
 
-def _decode_config(q, k_cache, block_tables, num_kv, max_seq_len):
+def _decode_config(q, k_cache, block_tables, num_kv, max_seq_len, block_n=None, per_sm=4):
     B, Hq, D = q.shape
     G = Hq // num_kv
     use_dot = q.device.type == "cuda" and not is_rocm()
@@ -133,11 +133,13 @@ def _decode_config(q, k_cache, block_tables, num_kv, max_seq_len):
     else:
         BLOCK_G = next_pow2(G)
         BLOCK_N = max(4, min(64, 8192 // (BLOCK_G * next_pow2(D))))
+    if block_n is not None:
+        BLOCK_N = block_n
     max_ctx = block_tables.shape[1] * k_cache.shape[1]
     if max_seq_len is not None:
         max_ctx = min(max_ctx, int(max_seq_len))
     max_ctx = max(max_ctx, 1)
-    target = 4 * num_sms(q.device)
+    target = per_sm * num_sms(q.device)
     splits = max(1, min(triton.cdiv(target, B * num_kv), triton.cdiv(max_ctx, 256)))
     split_len = triton.cdiv(triton.cdiv(max_ctx, splits), BLOCK_N) * BLOCK_N
     splits = triton.cdiv(max_ctx, split_len)
@@ -145,14 +147,14 @@ def _decode_config(q, k_cache, block_tables, num_kv, max_seq_len):
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None,
-                           max_seq_len=None, num_splits=None):
+                           max_seq_len=None, num_splits=None, block_n=None, num_warps=4, per_sm=4):
     B, Hq, D = q.shape
     num_kv = k_cache.shape[2]
     out = empty_like(q)
     if B == 0:
         return out
     G, BLOCK_G, BLOCK_N, splits, split_len, use_dot = _decode_config(
-        q, k_cache, block_tables, num_kv, max_seq_len)
+        q, k_cache, block_tables, num_kv, max_seq_len, block_n, per_sm)
     if num_splits is not None:  # explicit override (tests / tuning)
         max_ctx = block_tables.shape[1] * k_cache.shape[1]
         split_len = triton.cdiv(triton.cdiv(max_ctx, num_splits), BLOCK_N) * BLOCK_N
@@ -172,7 +174,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, *
         g.stride(0), g.stride(1), out.stride(0), out.stride(1), k_cache.shape[1], split_len, splits,
         G=G, BLOCK_G=BLOCK_G, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DIRECT=direct,
         HAS_GATE=gate is not None, USE_DOT=use_dot, FP32=q.dtype == torch.float32,
-        num_warps=4)
+        num_warps=num_warps)
     if not direct:
         _decode_reduce_kernel[(B, Hq)](
             po, pl, g, out, splits, Hq, g.stride(0), g.stride(1), out.stride(0), out.stride(1),

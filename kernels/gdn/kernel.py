@@ -67,7 +67,7 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, st_
 
 
 def gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, *,
-                            v_head_order="grouped"):
+                            v_head_order="grouped", block_v=None, num_warps=4):
     B, Hk, DK = k.shape
     Hv, DV = v.shape[1], v.shape[2]
     o = empty((B, Hv, DV), v.dtype, v.device)
@@ -78,13 +78,13 @@ def gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slo
         assert t.stride(-1) == 1
     assert a.stride(-1) == 1 and b.stride(-1) == 1
     BLOCK_K = next_pow2(DK)
-    BLOCK_V = min(next_pow2(DV), 32 if B * Hv >= 256 else 16)
+    BLOCK_V = block_v or min(next_pow2(DV), 32 if B * Hv >= 256 else 16)
     _gdn_decode_kernel[(B, Hv, triton.cdiv(DV, BLOCK_V))](
         q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, o, Hk, Hv, DK, DV,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         a.stride(0), b.stride(0), ssm_states.stride(0), ssm_states.stride(1),
         ssm_states.stride(2), o.stride(0), o.stride(1), DK ** -0.5,
-        GROUPED=v_head_order == "grouped", BLOCK_K=BLOCK_K, BLOCK_V=BLOCK_V, num_warps=4)
+        GROUPED=v_head_order == "grouped", BLOCK_K=BLOCK_K, BLOCK_V=BLOCK_V, num_warps=num_warps)
     return o
 
 

@@ -173,8 +173,10 @@ def test_reference_matches_transformers():
     st = torch.randn(1, Hv, Dk, Dv, generator=g) * 0.3
     beta = b.sigmoid()
     gg = -A_log.exp() * F.softplus(a + dt_bias)
+    # expand key heads to value heads in HF's grouped order (older transformers need it done)
+    qe, ke = (t.repeat_interleave(Hv // Hk, dim=1) for t in (q, k))
     hf_o, hf_s = mod.torch_chunk_gated_delta_rule(
-        q[None], k[None], v[None], g=gg[None], beta=beta[None], chunk_size=16,
+        qe[None], ke[None], v[None], g=gg[None], beta=beta[None], chunk_size=16,
         initial_state=st.clone(), output_final_state=True, use_qk_l2norm_in_kernel=True)
     mine_st = st.clone()
     o = registry.call_reference("gated_delta_rule_prefill", q, k, v, a, b, A_log, dt_bias,
