@@ -365,3 +365,49 @@ def serve(cmd, *, log_file: str | os.PathLike | None = None, ready_timeout_s: fl
             returncode=rc,
         )
     return _normalise_rc(rc)
+
+
+class PhaseSpinner:
+    """A ready-made on_phase/echo pair for serve(): a rich spinner that names the start-up phase,
+    with vLLM's log lines printed above it; it stops and says where the API is once ready.
+
+        with PhaseSpinner(console) as ui:
+            rc = serve(cmd, log_file=..., on_phase=ui.on_phase, echo=ui.echo)
+    """
+
+    def __init__(self, console=None, *, label: str = "vLLM"):
+        if console is None:
+            from rich.console import Console
+
+            console = Console(stderr=True, highlight=False)
+        self.console = console
+        self.label = label
+        self.status = None
+        self.phases: list[str] = []
+        self.started = time.monotonic()
+
+    def __enter__(self) -> "PhaseSpinner":
+        self.started = time.monotonic()
+        self.status = self.console.status(f"{self.label}: {STARTING}…")
+        self.status.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        if self.status is not None:
+            self.status.stop()
+            self.status = None
+
+    def on_phase(self, phase: str, line: str) -> None:
+        self.phases.append(phase)
+        if phase == READY:
+            self._stop()
+            took = time.monotonic() - self.started
+            self.console.print(f"{self.label} is ready after {took:.0f} s: {line}", markup=False, highlight=False)
+        elif self.status is not None:
+            self.status.update(f"{self.label}: {phase}…")
+
+    def echo(self, text: str) -> None:
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)

@@ -35,13 +35,13 @@ from g906.backends.errors import (
     VllmStartupTimeout,
     VllmUnsupportedError,
 )
-from g906.backends.supervise import PHASES, serve
+from g906.backends.supervise import PHASES, PhaseSpinner, serve
 from g906.backends.vllm_detect import VllmInstall, detect_vllm
 from g906.backends.vllm_help import canonical_flag
 
 __all__ = [
     "VllmCommand", "VllmInstall", "build_vllm_command", "check_plan_against_vllm", "detect_vllm",
-    "detect_vllm_for_plan", "format_dry_run", "serve", "PHASES",
+    "detect_vllm_for_plan", "format_dry_run", "serve", "PHASES", "PhaseSpinner", "vllm_problems",
     "VllmError", "VllmNotFoundError", "VllmProbeError", "VllmUnsupportedError", "MissingSecretError",
     "PortInUseError", "VllmStartupError", "VllmStartupTimeout",
 ]
@@ -358,6 +358,16 @@ def check_plan_against_vllm(plan, install: VllmInstall) -> list[str]:
     """Everything in the plan the installed vLLM cannot do, one sentence each ([] when fine)."""
     built = _translate(plan, install, environ={})
     return built.problems
+
+
+def vllm_problems(plan) -> list[str]:
+    """For `g906 validate`: find the recipe's vLLM and check the plan against it, as sentences
+    (a vLLM that cannot be found or read is one problem, with its hint)."""
+    try:
+        install = detect_vllm_for_plan(plan)
+    except VllmError as exc:
+        return [exc.message + (f" ({exc.hint})" if exc.hint else "")]
+    return check_plan_against_vllm(plan, install)
 
 
 def _display_program(command: list[str]) -> list[str]:

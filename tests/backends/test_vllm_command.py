@@ -275,7 +275,7 @@ def test_extra_args_are_checked_against_help(vllm):
     (p,) = problems(["--port", "1"])
     assert "server.port" in p
     assert "has no --max-num-seqs-typo flag" in problems(["--seed", "-1", "--max_num_seqs_typo"])[0]
-    assert problems(["--seed=3", "--distributed-executor-backend", "mp", "-O", "3"]) == []
+    assert problems(["--seed=3", "--distributed-executor-backend", "mp", "-O", "3", "-O3"]) == []
 
 
 def test_builtin_model_cannot_go_to_vllm(vllm):

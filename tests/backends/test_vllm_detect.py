@@ -120,3 +120,16 @@ def test_recipe_paths_are_relative_to_the_recipe(fake_vllm, tmp_path, monkeypatc
     plan.recipe_path = tmp_path / "recipe.toml"          # the fake lives in tmp_path/bin/vllm
     inst = detect_vllm_for_plan(plan)
     assert inst.command == [str(fake_vllm.exe)]
+
+
+def test_vllm_problems_for_validate(fake_vllm, monkeypatch):
+    from g906.backends.vllm import vllm_problems
+
+    from .planfactory import make_plan
+
+    assert vllm_problems(make_plan()) == []
+    assert vllm_problems(make_plan(engine={"kind": "vllm", "vllm": {"extra_args": ["--nope"]}}))[0].endswith(
+        "has no --nope flag")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    (p,) = vllm_problems(make_plan())
+    assert "not found on PATH" in p and "engine.vllm.python" in p

@@ -247,3 +247,24 @@ def test_python_interpreter_mode_serves(fake_vllm, free_port, monkeypatch):
 ])
 def test_phase_of_log_lines(line, phase):
     assert phase_of_line(line) == phase
+
+
+def test_phase_spinner_with_serve(fake_vllm, command):
+    import io
+
+    from rich.console import Console
+
+    from g906.backends.supervise import PhaseSpinner
+
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=False, width=200)
+    with PhaseSpinner(console) as ui:
+        def on_phase(phase, line):
+            ui.on_phase(phase, line)
+            if phase == "ready":
+                os.kill(os.getpid(), signal.SIGTERM)
+        assert serve(command(), ready_timeout_s=20, on_phase=on_phase, echo=ui.echo, **FAST) == 0
+    text = out.getvalue()
+    assert "vllm | INFO fake-vllm: Loading weights took 0.01 seconds" in text
+    assert "vLLM is ready after" in text and "http://127.0.0.1:" in text
+    assert ui.phases[0] == "starting" and ui.phases[-1] == "ready"
