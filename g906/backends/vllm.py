@@ -180,8 +180,11 @@ def _reasoning(plan, install: VllmInstall) -> tuple[str | None, str | None]:
         return None, (f"{install.describe} has no --reasoning-parser flag "
                       f"(engine.reasoning_parser = {want!r}); set it to \"none\" or upgrade vLLM")
     candidates = REASONING_PARSERS.get(want, [want])
-    if info.choices is None:          # newer vLLM checks the name after parsing (plugins)
-        return candidates[-1], None
+    if info.choices is None:
+        # newer vLLM checks the name after parsing (plugins may add some): prefer what its source
+        # registers, else the name upstream vLLM ships
+        known = set(install.reasoning_parsers)
+        return next((n for n in candidates if n in known), candidates[-1]), None
     for name in candidates:
         if name in info.choices:
             return name, None

@@ -21,7 +21,7 @@ from typing import Literal
 from g906.backends.errors import VllmNotFoundError, VllmProbeError
 from g906.backends.vllm_help import FlagInfo, canonical_flag, mm_limit_format, parse_serve_help
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 CLI_MODULE = "vllm.entrypoints.cli.main"
 DEFAULT_PROBE_TIMEOUT_S = 300.0
 
@@ -39,13 +39,34 @@ if spec is not None and spec.submodule_search_locations:
     out["pkgdir"] = d
     out["cli_main"] = os.path.isfile(os.path.join(d, "entrypoints", "cli", "main.py"))
     for rel in ("__init__.py", "engine/arg_utils.py", "entrypoints/openai/cli_args.py",
-                "entrypoints/cli/serve.py", "config/__init__.py", "version.py", "_version.py"):
+                "entrypoints/cli/serve.py", "config/__init__.py", "version.py", "_version.py",
+                "reasoning/__init__.py"):
         p = os.path.join(d, rel)
         try:
             st = os.stat(p)
             out["stamps"][rel] = [st.st_mtime_ns, st.st_size]
         except OSError:
             pass
+    # reasoning parser names, read from the source (newer vLLM no longer lists them in --help)
+    import re
+    names = set()
+    rdir = os.path.join(d, "reasoning")
+    try:
+        files = sorted(f for f in os.listdir(rdir) if f.endswith(".py"))
+    except OSError:
+        files = []
+    for f in files:
+        try:
+            with open(os.path.join(rdir, f), encoding="utf-8", errors="replace") as fh:
+                t = fh.read()
+        except OSError:
+            continue
+        names.update(re.findall(r"register_(?:lazy_)?module\(\s*(?:name\s*=\s*)?[\"']([\w.-]+)[\"']", t))
+        for group in re.findall(r"register_module\(\s*(?:name\s*=\s*)?\[([^\]]*)\]", t):
+            names.update(re.findall(r"[\"']([\w.-]+)[\"']", group))
+        if f == "__init__.py":
+            names.update(re.findall(r"^\s*[\"']([\w.-]+)[\"']\s*:\s*\(", t, re.M))
+    out["reasoning_parsers"] = sorted(names)
 print("G906-PROBE " + json.dumps(out))
 """
 
@@ -60,6 +81,7 @@ class VllmInstall:
     source: Literal["executable", "python"] = "executable"
     python: str | None = None               # interpreter that runs it, when known
     help_mode: str = "all"                  # "all" (--help=all) or "plain" (--help)
+    reasoning_parsers: list[str] = field(default_factory=list)  # names found in its source (may be partial)
 
     def flag(self, name: str) -> FlagInfo | None:
         return self.flags.get(canonical_flag(name))
@@ -86,7 +108,7 @@ class VllmInstall:
         return {
             "format": CACHE_FORMAT, "command": self.command, "version": self.version,
             "source": self.source, "python": self.python, "help_mode": self.help_mode,
-            "flags": [f.to_json() for f in seen.values()],
+            "reasoning_parsers": self.reasoning_parsers, "flags": [f.to_json() for f in seen.values()],
         }
 
     @classmethod
@@ -97,7 +119,8 @@ class VllmInstall:
             for n in info.names:
                 flags.setdefault(n, info)
         return cls(command=list(d["command"]), version=d["version"], flags=flags, source=d["source"],
-                   python=d.get("python"), help_mode=d.get("help_mode", "all"))
+                   python=d.get("python"), help_mode=d.get("help_mode", "all"),
+                   reasoning_parsers=list(d.get("reasoning_parsers") or []))
 
 
 # --------------------------------------------------------------------------- locating
@@ -318,7 +341,7 @@ def detect_vllm(python: str | None = None, executable: str | None = None, *, ref
     flags, mode = _read_flags(command, timeout_s)
     install = VllmInstall(command=command, version=version or "unknown", flags=flags, source=source,
                           python=(probe or {}).get("python") or (python and command[0]) or None,
-                          help_mode=mode)
+                          help_mode=mode, reasoning_parsers=list((probe or {}).get("reasoning_parsers") or []))
     _cache_store(key, install)
     _MEMO[key] = install
     return install

@@ -48,7 +48,7 @@ class FakeVllm:
     def signals(self) -> list[str]:
         return self.signal_log.read_text().split() if self.signal_log.exists() else []
 
-    def python_package(self) -> Path:
+    def python_package(self, reasoning_sources: dict[str, str] | None = None) -> Path:
         """A fake `vllm` package (for engine.vllm.python = this interpreter); returns PYTHONPATH dir."""
         site = self.root / "site"
         pkg = site / "vllm" / "entrypoints" / "cli"
@@ -56,6 +56,10 @@ class FakeVllm:
         for d in (site / "vllm", site / "vllm" / "entrypoints", pkg):
             (d / "__init__.py").write_text("")
         (pkg / "main.py").write_text(SRC.read_text())
+        reasoning = site / "vllm" / "reasoning"
+        reasoning.mkdir()
+        for name, text in (reasoning_sources or {}).items():
+            (reasoning / name).write_text(text)
         self.mp.setenv("PYTHONPATH", str(site))
         return site
 

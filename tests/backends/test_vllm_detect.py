@@ -133,3 +133,38 @@ def test_vllm_problems_for_validate(fake_vllm, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     (p,) = vllm_problems(make_plan())
     assert "not found on PATH" in p and "engine.vllm.python" in p
+
+
+REGISTRY = '''
+_REASONING_PARSERS_TO_REGISTER = {
+    "deepseek_r1": (  # name
+        "deepseek_r1_reasoning_parser",  # filename
+        "DeepSeekR1ReasoningParser",  # class_name
+    ),
+    "qwen3_5": (
+        "qwen3_5_reasoning_parser",
+        "Qwen35ReasoningParser",
+    ),
+}
+'''
+OLD_STYLE = '''
+@ReasoningParserManager.register_module("granite")
+class GraniteReasoningParser: ...
+
+@ReasoningParserManager.register_module(["qwen3", "qwen3-alias"])
+class Qwen3ReasoningParser: ...
+'''
+
+
+def test_reasoning_parsers_read_from_the_package_source(fake_vllm, monkeypatch):
+    from g906.backends.vllm import build_vllm_command
+
+    from .planfactory import make_plan
+
+    fake_vllm.python_package({"__init__.py": REGISTRY, "granite_reasoning_parser.py": OLD_STYLE})
+    fake_vllm.set(flavor="upstream")          # --help lists no choices for --reasoning-parser
+    inst = detect_vllm(python=sys.executable)
+    assert inst.choices("--reasoning-parser") is None
+    assert inst.reasoning_parsers == ["deepseek_r1", "granite", "qwen3", "qwen3-alias", "qwen3_5"]
+    cmd = build_vllm_command(make_plan(engine={"kind": "vllm", "reasoning_parser": "qwen3"}), inst, environ={})
+    assert cmd.argv[cmd.argv.index("--reasoning-parser") + 1] == "qwen3_5"
