@@ -348,8 +348,10 @@ def serve(cmd, *, log_file: str | os.PathLike | None = None, ready_timeout_s: fl
             log_fh.close()
 
     rc = proc.returncode
-    while not phases.empty():
-        phases.get_nowait()
+    while not phases.empty():            # lines read after the last look: name the phase it died in
+        ph, _line = phases.get_nowait()
+        if not ready:
+            phase = ph
     where = f"; full log: {log_file}" if log_file is not None else ""
     if timed_out:
         raise VllmStartupTimeout(

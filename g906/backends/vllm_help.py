@@ -11,7 +11,7 @@ Option names accept `_` for `-` (vLLM's parser treats them alike); names are sto
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 _ENTRY_RE = re.compile(r"^  (-\S.*)$")
@@ -123,11 +123,3 @@ def mm_limit_format(info: FlagInfo | None) -> MmLimitFormat:
     if "image=" in h or "comma-separated" in h or "comma separated" in h:
         return "kv"
     return "unknown"
-
-
-@dataclass
-class ServeHelp:
-    flags: dict[str, FlagInfo] = field(default_factory=dict)
-
-    def get(self, flag: str) -> FlagInfo | None:
-        return self.flags.get(canonical_flag(flag))

@@ -145,13 +145,15 @@ def test_log_goes_to_stderr_by_default(fake_vllm, command, capfd):
 
 
 def test_hang_until_timeout_stops_the_group(fake_vllm, command):
-    fake_vllm.set(mode="hang", worker=1)
+    fake_vllm.set(mode="hang", worker=1, delay=0)
+    rec = Recorder()
     t0 = time.monotonic()
     with pytest.raises(VllmStartupTimeout) as ei:
-        serve(command(), ready_timeout_s=1.0, echo=None, **FAST)
-    assert 1.0 <= time.monotonic() - t0 < 10
+        serve(command(), ready_timeout_s=2.0, on_phase=rec.on_phase, echo=None, **FAST)
+    assert 2.0 <= time.monotonic() - t0 < 15
     err = ei.value
-    assert "not ready after 1 s (last phase: profiling memory)" in err.message
+    assert f"not ready after 2 s (last phase: {rec.phases[-1]})" in err.message
+    assert rec.phases[-1] == "profiling memory"          # the fake hangs after its KV cache line
     assert "startup_timeout_s" in err.hint
     assert any("Available KV cache memory" in d for d in err.details)
     rec = fake_vllm.recorded()
