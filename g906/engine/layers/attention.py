@@ -9,7 +9,7 @@ from torch import nn
 
 from g906.engine.context import ForwardContext
 from g906.engine.layers import ops
-from g906.engine.layers.linear import Linear
+from g906.engine.layers.linear import FusedProjections, Linear
 from g906.engine.layers.norms import RMSNorm
 
 
@@ -26,17 +26,22 @@ class Attention(nn.Module):
         self.o_proj = Linear(num_heads * head_dim, hidden_size)
         self.q_norm = RMSNorm(head_dim, eps)
         self.k_norm = RMSNorm(head_dim, eps)
+        self.qkv = FusedProjections([self.q_proj, self.k_proj, self.v_proj])
         self.k_cache: torch.Tensor | None = None   # [num_blocks, block_size, Hkv, D], set by bind_cache
         self.v_cache: torch.Tensor | None = None
+
+    def post_load(self) -> None:
+        self.qkv.fuse()
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary, ctx: ForwardContext) -> torch.Tensor:
         t = x.shape[0]
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qg = self.q_proj(x).view(t, h, 2 * d)
+        qg, k, v = self.qkv(x)
+        qg = qg.view(t, h, 2 * d)
         q = self.q_norm(qg[..., :d].contiguous())
         gate = qg[..., d:]
-        k = self.k_norm(self.k_proj(x).view(t, hk, d))
-        v = self.v_proj(x).view(t, hk, d)
+        k = self.k_norm(k.reshape(t, hk, d))
+        v = v.reshape(t, hk, d)
         rotary(q, k, positions)
         if self.k_cache is None:
             # No cache bound (e.g. a memory-profiling run): fresh sequences only; this step's

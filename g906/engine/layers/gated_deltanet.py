@@ -16,7 +16,7 @@ import torch
 from g906.engine.context import ForwardContext
 from g906.engine.layers import ops
 from g906.engine.layers.base import WeightHolder, WeightSpec
-from g906.engine.layers.linear import Linear
+from g906.engine.layers.linear import FusedProjections, Linear
 from g906.engine.layers.norms import GatedRMSNorm
 
 
@@ -61,6 +61,7 @@ class GatedDeltaNet(WeightHolder):
         self.conv1d = Conv1dWeight(self.conv_dim, conv_kernel)
         self.norm = GatedRMSNorm(head_v_dim, eps)
         self.out_proj = Linear(self.value_dim, hidden_size)
+        self.in_proj = FusedProjections([self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a])
         self.A_log = None
         self.dt_bias = None
         self.conv_state: torch.Tensor | None = None  # [S, conv_dim, K-1], set by bind_cache
@@ -72,12 +73,12 @@ class GatedDeltaNet(WeightHolder):
             "dt_bias": WeightSpec((self.num_v_heads,), dtype=torch.float32),
         }
 
+    def post_load(self) -> None:
+        self.in_proj.fuse()
+
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         t = x.shape[0]
-        qkv = self.in_proj_qkv(x)
-        z = self.in_proj_z(x)
-        b = self.in_proj_b(x)
-        a = self.in_proj_a(x)
+        qkv, z, b, a = self.in_proj(x)
         w = self.conv1d.weight
         conv_state, ssm_state = self.conv_state, self.ssm_state
         slots, has_init = ctx.state_slots, ctx.has_initial_state

@@ -6,6 +6,7 @@ import torch
 
 from g906.engine.layers import ops
 from g906.engine.layers.base import WeightHolder, WeightSpec
+from g906.engine.weights import QuantizedTensor
 
 
 class Linear(WeightHolder):
@@ -23,3 +24,46 @@ class Linear(WeightHolder):
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}"
+
+
+def fuse_weights(linears: list[Linear]):
+    """One weight computing several projections of the same input in a single matmul: their
+    rows stacked. Dense weights of one dtype, or QuantizedTensors of one qtype and row size;
+    None when they cannot be stacked (mixed types, as in some GGUF mixes)."""
+    ws = [lin.weight for lin in linears]
+    if any(w is None for w in ws):
+        return None
+    if all(isinstance(w, torch.Tensor) for w in ws):
+        if len({(w.dtype, w.device, w.shape[1]) for w in ws}) != 1:
+            return None
+        return torch.cat(ws, dim=0)
+    if all(isinstance(w, QuantizedTensor) for w in ws):
+        if len({(w.qtype, w.data.shape[1], w.shape[1], w.data.device) for w in ws}) != 1:
+            return None
+        data = torch.cat([w.data for w in ws], dim=0)
+        return QuantizedTensor(data, ws[0].qtype, (int(sum(w.shape[0] for w in ws)), ws[0].shape[1]))
+    return None
+
+
+class FusedProjections:
+    """Several Linears over the same input, run as one matmul when their weights stack.
+
+    After fuse(), the member Linears drop their weights (the stacked copy replaces them);
+    __call__ returns the per-projection outputs (views of one result)."""
+
+    def __init__(self, linears: list[Linear]):
+        self.linears = linears
+        self.sizes = [lin.out_features for lin in linears]
+        self.weight = None
+
+    def fuse(self) -> None:
+        w = fuse_weights(self.linears)
+        if w is not None:
+            self.weight = w
+            for lin in self.linears:
+                lin.weight = None
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        if self.weight is None:
+            return [lin(x) for lin in self.linears]
+        return list(ops.linear(x, self.weight).split(self.sizes, dim=-1))

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from g906.engine.layers import ops
-from g906.engine.layers.linear import Linear
+from g906.engine.layers.linear import Linear, fuse_weights
 
 
 class MLP(nn.Module):
@@ -15,7 +15,18 @@ class MLP(nn.Module):
         self.gate_proj = Linear(hidden_size, intermediate_size)
         self.up_proj = Linear(hidden_size, intermediate_size)
         self.down_proj = Linear(intermediate_size, hidden_size)
+        self.gate_up_weight = None   # [gate; up] stacked after loading when the two weights stack
+
+    def post_load(self) -> None:
+        w = fuse_weights([self.gate_proj, self.up_proj])
+        if w is not None:
+            self.gate_up_weight = w
+            self.gate_proj.weight = None
+            self.up_proj.weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)
+        if self.gate_up_weight is not None:
+            gate_up = ops.linear(x, self.gate_up_weight)
+        else:
+            gate_up = torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)
         return self.down_proj(ops.silu_and_mul(gate_up))

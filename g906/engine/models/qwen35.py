@@ -199,6 +199,8 @@ class Qwen35ForCausalLM(nn.Module):
                 nbytes += value.nbytes
             loaded.add(name)
         missing = [n for n in slots if n not in loaded]
+        if not missing:
+            self._post_load()
         if missing:
             more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
             raise G906Error(
@@ -206,6 +208,14 @@ class Qwen35ForCausalLM(nn.Module):
                 hint="the files are incomplete or belong to a different model",
             )
         return {"weight_bytes": nbytes, "quantized_tensors": nquant, "mtp_tensors": len(self.mtp_weights)}
+
+    def _post_load(self) -> None:
+        """Stack projections that share an input into one matmul (q/k/v; the four GDN input
+        projections; gate/up) where their weights allow it."""
+        for mod in self.modules():
+            hook = getattr(mod, "post_load", None)
+            if callable(hook):
+                hook()
 
     # ---------------------------------------------------------------- cache
 
