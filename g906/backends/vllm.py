@@ -41,7 +41,7 @@ from g906.backends.vllm_help import canonical_flag
 
 __all__ = [
     "VllmCommand", "VllmInstall", "build_vllm_command", "check_plan_against_vllm", "detect_vllm",
-    "detect_vllm_for_plan", "format_dry_run", "serve", "PHASES", "PhaseSpinner", "vllm_problems",
+    "detect_vllm_for_plan", "default_log_file", "format_dry_run", "serve", "PHASES", "PhaseSpinner", "vllm_problems",
     "VllmError", "VllmNotFoundError", "VllmProbeError", "VllmUnsupportedError", "MissingSecretError",
     "PortInUseError", "VllmStartupError", "VllmStartupTimeout",
 ]
@@ -448,6 +448,18 @@ def build_vllm_command(plan, vllm: VllmInstall, *, environ: Mapping[str, str] | 
         startup_timeout_s=float(plan.recipe.engine.vllm.startup_timeout_s), version=vllm.version,
         missing_secrets=missing, redacted_argv=redacted,
     )
+
+
+def default_log_file(cmd: VllmCommand) -> Path:
+    """Where `g906 up` keeps vLLM's log unless told otherwise: $G906_LOG_DIR, else
+    $XDG_STATE_HOME/g906/logs (~/.local/state/g906/logs), one file per served name and port."""
+    if os.environ.get("G906_LOG_DIR"):
+        base = Path(os.environ["G906_LOG_DIR"])
+    else:
+        state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+        base = Path(state) / "g906" / "logs"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", cmd.served_model_name or "model").strip("._") or "model"
+    return base / f"vllm-{name}-{cmd.port}.log"
 
 
 def format_dry_run(cmd: VllmCommand) -> str:

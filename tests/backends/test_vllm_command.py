@@ -368,3 +368,14 @@ def test_dollar_in_values_is_quoted_literally(vllm):
     plan = make_plan(engine={"kind": "vllm", "vllm": {"extra_args": ["--chat-template", "$HOME/t.jinja"]}})
     cmd = build_vllm_command(plan, vllm, environ={})
     assert "  --chat-template '$HOME/t.jinja'" in cmd.display.splitlines()[-1]
+
+
+def test_default_log_file(vllm, monkeypatch, tmp_path):
+    from g906.backends.vllm import default_log_file
+
+    cmd = build_vllm_command(make_plan(model={"source": "Qwen/Qwen3.5-0.8B"}), vllm, environ={})
+    monkeypatch.delenv("G906_LOG_DIR", raising=False)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert default_log_file(cmd) == tmp_path / "g906" / "logs" / "vllm-Qwen_Qwen3.5-0.8B-8000.log"
+    monkeypatch.setenv("G906_LOG_DIR", "/var/log/g906")
+    assert str(default_log_file(cmd)) == "/var/log/g906/vllm-Qwen_Qwen3.5-0.8B-8000.log"
