@@ -118,51 +118,25 @@ class AsyncEngine:
             )
         self.engine.check_prompt(prompt_token_ids)
 
-    async def generate(
-        self, request_id: str, prompt_token_ids: list[int], params: SamplingParams
-    ) -> AsyncIterator[tuple[int, StepOutput]]:
-        """(index, delta) pairs for the params.n samples of one prompt, interleaved as they come.
-        Closing the iterator early aborts what is still running."""
+    def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> "RequestStream":
+        """Admit a request at once (raising EngineDead, QueueFull or ValueError) and return the async
+        stream of its (index, delta) pairs for the params.n samples, interleaved as they come.
+        Closing the stream early (aclose(), or cancelling the task reading it) aborts what still runs."""
         self.check(prompt_token_ids, params)
         n = params.n
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         ids = [request_id] if n == 1 else [f"{request_id}:{i}" for i in range(n)]
-        for i, rid in enumerate(ids):
+        for rid in ids:
             if rid in self._streams:
                 raise ValueError(f"request id {rid!r} is already in use")
         for i, rid in enumerate(ids):
             self._streams[rid] = _Stream(loop, queue, i)
         self._pending += n
-        live = set(ids)
+        stream = RequestStream(self, ids, queue)
         for i, rid in enumerate(ids):
             self._post(("add", rid, list(prompt_token_ids), params if n == 1 else params.for_child(i)))
-        start = time.monotonic()
-        last: dict[int, float] = {}
-        try:
-            while live:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                index, out = item
-                now = time.monotonic()
-                if self.observer is not None and out.new_token_ids:
-                    if index not in last:
-                        self.observer.on_first_token(now - start)
-                    else:
-                        self.observer.on_token(now - last[index])
-                last[index] = now
-                if out.finished:
-                    live.discard(ids[index])
-                    if self.observer is not None:
-                        self.observer.on_finish(out)
-                yield index, out
-        finally:
-            for rid in ids:
-                self._streams.pop(rid, None)
-            for rid in live:
-                self.abort(rid)
-            self._pending -= n
+        return stream
 
     # -- the loop -----------------------------------------------------------------------------------
     def _deliver(self, rid: str, item) -> None:
@@ -205,3 +179,71 @@ class AsyncEngine:
             self.dead = exc
             for rid in list(self._streams):
                 self._deliver(rid, EngineDead(f"the engine failed: {type(exc).__name__}: {exc}"))
+
+
+class RequestStream:
+    """The deltas of one request (all its n samples). Async-iterate it; aclose() aborts."""
+
+    def __init__(self, owner: AsyncEngine, ids: list[str], queue: asyncio.Queue):
+        self.owner = owner
+        self.ids = ids
+        self.queue = queue
+        self.live = set(ids)
+        self.closed = False
+        self.start = time.monotonic()
+        self._last: dict[int, float] = {}
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> tuple[int, StepOutput]:
+        if self.closed or not self.live:
+            self._cleanup()
+            raise StopAsyncIteration
+        try:
+            item = await self.queue.get()
+        except BaseException:  # cancelled: the reader went away
+            self._cleanup()
+            raise
+        if isinstance(item, BaseException):
+            self._cleanup()
+            raise item
+        index, out = item
+        obs = self.owner.observer
+        now = time.monotonic()
+        if obs is not None and out.new_token_ids:
+            if index not in self._last:
+                obs.on_first_token(now - self.start)
+            else:
+                obs.on_token(now - self._last[index])
+        self._last[index] = now
+        if out.finished:
+            self.live.discard(self.ids[index])
+            if obs is not None:
+                obs.on_finish(out)
+            if not self.live:
+                self._cleanup()
+        return index, out
+
+    async def aclose(self) -> None:
+        self._cleanup()
+
+    def close(self) -> None:
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        owner = self.owner
+        for rid in self.ids:
+            owner._streams.pop(rid, None)
+        for rid in self.live:
+            owner.abort(rid)
+        owner._pending -= len(self.ids)
+
+    def __del__(self) -> None:  # a stream dropped without being read to the end or closed
+        try:
+            self._cleanup()
+        except Exception:  # noqa: BLE001
+            pass

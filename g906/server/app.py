@@ -175,10 +175,17 @@ def _sampling(req, *, max_tokens: int | None, prompt_len: int, st: ServerState, 
         raise bad_request(str(exc), param=getattr(exc, "param", None)) from None
 
 
-def _admit(st: ServerState, ids: list[int], params) -> None:
+def _start(st: ServerState, rid: str, ids: list[int], params):
+    """Admit and start one request (the errors of _admit)."""
+    return _admit(st, ids, params, start=rid)
+
+
+def _admit(st: ServerState, ids: list[int], params, start: str | None = None):
     from g906.engine.async_engine import EngineDead, QueueFull
 
     try:
+        if start is not None:
+            return st.engine.generate(start, ids, params)
         st.engine.check(ids, params)
     except QueueFull as exc:
         raise APIError(503, str(exc), code="queue_full", headers={"Retry-After": "1"}) from None
@@ -387,10 +394,9 @@ async def chat_completions(request: Request) -> Response:
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = _sampling(req, max_tokens=req.max_completion_tokens or req.max_tokens, prompt_len=len(ids), st=st,
                        logprobs=logprobs)
-    _admit(st, ids, params)
-    st.metrics.on_prompt(len(ids))
     rid = P.new_id("chatcmpl")
-    gen = st.engine.generate(rid, ids, params)
+    gen = _start(st, rid, ids, params)
+    st.metrics.on_prompt(len(ids))
     ctx = dict(rid=rid, created=P.now(), model=st.served_model_name, n=req.n, prompt_len=len(ids),
                prompt_text=prompt_text, logprobs=req.logprobs)
     if req.stream:
@@ -514,7 +520,7 @@ async def completions(request: Request) -> Response:
         plist.append(params)
     eng = st.engine
     for (text, ids), params in zip(prompts, plist):
-        _admit(st, ids, params)
+        _admit(st, ids, params)      # prompt checks (and a queue check) before anything starts
     # check the whole batch fits in the queue before starting any of it
     from g906.engine.sampling_params import SamplingParams as _SP
 
@@ -523,9 +529,15 @@ async def completions(request: Request) -> Response:
         _admit(st, prompts[0][1], _SP(n=total_n, max_tokens=1))
     rid = P.new_id("cmpl")
     gens = []
-    for k, ((text, ids), params) in enumerate(zip(prompts, plist)):
+    try:
+        for k, ((text, ids), params) in enumerate(zip(prompts, plist)):
+            gens.append(_start(st, rid if len(prompts) == 1 else f"{rid}-{k}", ids, params))
+    except BaseException:
+        for g in gens:
+            g.close()
+        raise
+    for _, ids in prompts:
         st.metrics.on_prompt(len(ids))
-        gens.append(eng.generate(rid if len(prompts) == 1 else f"{rid}-{k}", ids, params))
     ctx = dict(rid=rid, created=P.now(), model=st.served_model_name, n=req.n, prompts=prompts)
     if req.stream:
         opts = req.stream_options or P.StreamOptions()

@@ -19,7 +19,8 @@ MAX_STOP = 16
 
 
 class _Req(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # strict: JSON types as the OpenAI API documents them ("yes" is not a boolean, "10" not a number)
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class _Resp(BaseModel):
