@@ -13,8 +13,8 @@ What the converter does and this helper reproduces:
 - V heads reordered grouped -> tiled (value heads > key heads) in in_proj_qkv (V rows), in_proj_z,
   in_proj_a, in_proj_b, A_log, dt_bias, conv1d (V channels), out_proj (columns);
 - MTP: HF mtp.* appended as blocks L.. (mtp.fc -> nextn.eh_proj, pre_fc_norm_embedding -> enorm,
-  pre_fc_norm_hidden -> hnorm, norm -> shared_head_norm), block_count includes them and
-  nextn_predict_layers is written;
+  pre_fc_norm_hidden -> hnorm, norm -> shared_head_norm; renamed BEFORE the +1 rule, so those
+  norms get +1 too), block_count includes them and nextn_predict_layers is written;
 - 1-D tensors, *_norm.weight and ssm_conv1d stay F32; other tensors take the requested type,
   falling back (F16 for non-quantizable rows, like the converter; Q8_0 like llama-quantize when a
   row is not a whole number of 256-element super-blocks) unless strict=True;
@@ -303,19 +303,33 @@ def random_mtp_tensors(hp: Mapping[str, Any], n_layers: int = 1, seed: int = 5) 
     return out
 
 
-_NEXTN = {"fc": "nextn.eh_proj", "pre_fc_norm_embedding": "nextn.enorm",
-          "pre_fc_norm_hidden": "nextn.hnorm", "norm": "nextn.shared_head_norm"}
+_MTP_REMAP = {"fc": "eh_proj", "pre_fc_norm_embedding": "enorm", "pre_fc_norm_hidden": "hnorm",
+              "norm": "shared_head.norm"}
+_NEXTN_GGUF = {"eh_proj": "nextn.eh_proj", "enorm": "nextn.enorm", "hnorm": "nextn.hnorm",
+               "shared_head.norm": "nextn.shared_head_norm"}
+
+
+def mtp_remap(name: str, num_layers: int) -> str:
+    """The converter's filter step: mtp.layers.J.* -> model.layers.(L+J).*, mtp.fc/norms ->
+    model.layers.L.{eh_proj, enorm, hnorm, shared_head.norm} (so the +1 norm rule sees
+    "...enorm.weight" etc.)."""
+    if not name.startswith("mtp."):
+        return name
+    parts = name.split(".", 3)
+    if len(parts) == 4 and parts[1] == "layers" and parts[2].isdecimal():
+        return f"model.layers.{num_layers + int(parts[2])}.{parts[3]}"
+    if len(parts) == 3 and parts[1] in _MTP_REMAP:
+        return f"model.layers.{num_layers}.{_MTP_REMAP[parts[1]]}.{parts[2]}"
+    return name
 
 
 def gguf_name(name: str, hp: Mapping[str, Any], tensor_map: Any) -> str | None:
-    """HF name (after convert_tensor) -> GGUF name, MTP names included."""
+    """Converter-side name (after mtp_remap / convert_tensor) -> GGUF name."""
     L = hp["num_hidden_layers"]
-    if name.startswith("mtp."):
-        parts = name.split(".", 3)
-        if len(parts) == 4 and parts[1] == "layers" and parts[2].isdecimal():
-            name = f"model.layers.{L + int(parts[2])}.{parts[3]}"
-        elif len(parts) == 3 and parts[1] in _NEXTN:
-            return f"blk.{L}.{_NEXTN[parts[1]]}.{parts[2]}"
+    for hf, gg in _NEXTN_GGUF.items():
+        prefix = f"model.layers.{L}.{hf}."
+        if name.startswith(prefix):
+            return f"blk.{L}.{gg}.{name[len(prefix):]}"
     return tensor_map.get_name(name, try_suffixes=(".weight", ".bias"))
 
 
@@ -413,7 +427,7 @@ def write_gguf(
 
     overrides = dict(type_overrides or {})
     for name, t in tensors.items():
-        new, data = convert_tensor(name, t, hp)
+        new, data = convert_tensor(mtp_remap(name, L), t, hp)
         gname = gguf_name(new, hp, tmap)
         assert gname is not None, f"no GGUF name for {name}"
         if gname in drop_tensors:
