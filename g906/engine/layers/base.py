@@ -26,15 +26,21 @@ class WeightHolder(nn.Module):
     def weight_specs(self) -> dict[str, WeightSpec]:
         raise NotImplementedError
 
-    def set_weight(self, attr: str, value: torch.Tensor | QuantizedTensor) -> None:
-        if isinstance(value, QuantizedTensor):
-            if attr in self._buffers:
-                del self._buffers[attr]
+    def set_weight(self, attr: str, value: torch.Tensor | QuantizedTensor | None) -> None:
+        """Dense tensors of the compute dtype become (frozen) nn.Parameters, so that
+        model.parameters() reports the compute dtype; tensors of a fixed dtype (fp32 A_log,
+        dt_bias) become buffers; a QuantizedTensor is a plain attribute."""
+        self._parameters.pop(attr, None)
+        self._buffers.pop(attr, None)
+        self.__dict__.pop(attr, None)
+        if value is None or isinstance(value, QuantizedTensor):
             object.__setattr__(self, attr, value)
-        else:
-            if attr in self.__dict__:
-                del self.__dict__[attr]
+            return
+        spec = self.weight_specs().get(attr)
+        if spec is not None and spec.dtype is not None:
             self.register_buffer(attr, value, persistent=False)
+        else:
+            self.register_parameter(attr, nn.Parameter(value, requires_grad=False))
 
     def get_weight(self, attr: str):
         return getattr(self, attr, None)

@@ -61,7 +61,7 @@ class FusedProjections:
         if w is not None:
             self.weight = w
             for lin in self.linears:
-                lin.weight = None
+                lin.set_weight("weight", None)
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
         if self.weight is None:

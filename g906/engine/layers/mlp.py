@@ -21,8 +21,8 @@ class MLP(nn.Module):
         w = fuse_weights([self.gate_proj, self.up_proj])
         if w is not None:
             self.gate_up_weight = w
-            self.gate_proj.weight = None
-            self.up_proj.weight = None
+            self.gate_proj.set_weight("weight", None)
+            self.up_proj.set_weight("weight", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_weight is not None:
