@@ -5,7 +5,6 @@ result) or 6 (a collective raised)."""
 
 import argparse
 import json
-import os
 import sys
 import time
 import traceback

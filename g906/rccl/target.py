@@ -65,7 +65,7 @@ def read_torch_version(torch_dir: Path) -> dict[str, str | None]:
 
 def locate_torch(python: str, *, timeout: float = 60) -> Path:
     """The torch package directory of interpreter *python* (run in a subprocess)."""
-    exe = shutil.which(python) if os.sep not in python else python
+    exe = shutil.which(python) if os.sep not in python else os.path.abspath(os.path.expanduser(python))
     if not exe or not os.path.exists(exe):
         raise UsageError(
             f"Python interpreter {python!r} was not found.",
@@ -97,6 +97,8 @@ def locate_torch(python: str, *, timeout: float = 60) -> Path:
 
 def resolve_target(python: str | None = None, lib_dir: str | os.PathLike | None = None) -> Target:
     """--lib-dir wins for the files; --python (default: this interpreter) finds torch and runs probes."""
+    if python is not None:   # absolute (probes run in another folder), symlinks kept (a venv's python is one)
+        python = os.path.abspath(os.path.expanduser(python)) if os.sep in python else (shutil.which(python) or python)
     if lib_dir is not None:
         ld = Path(lib_dir).expanduser().absolute()
         if not ld.is_dir():

@@ -24,7 +24,7 @@ from g906.rccl.faults import fault
 from g906.rccl.fsutil import copy_durable, fsync_dir, sha256_file, symlink_atomic
 from g906.rccl.libinfo import LibraryInfo, describe, inspect_library, validate_new_library
 from g906.rccl.lock import TargetLock
-from g906.rccl.probe import FAILED, OK, UNAVAILABLE, ProbeResult, run_probe
+from g906.rccl.probe import OK, UNAVAILABLE, run_probe
 from g906.rccl.source import clean_stale_staging, open_source
 from g906.rccl.target import Entry, Target, list_rccl_entries, locate_torch
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -71,3 +72,12 @@ def test_registered_in_the_root_app():
     assert "g906.cli.rccl" in COMMAND_MODULES
     p = subprocess.run([sys.executable, "-m", "g906", "rccl", "--help"], capture_output=True, text=True)
     assert p.returncode == 0 and "rollback" in p.stdout and "probe" in p.stdout
+
+
+def test_relative_python_path(fake_env, gfx906_lib):
+    env = fake_env()
+    rel = os.path.relpath(env.python, env.root.parent)
+    p = subprocess.run([sys.executable, "-m", "g906.cli.rccl", "status", "--python", rel, "--json"],
+                       capture_output=True, text=True, cwd=env.root.parent)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["python"] == str(env.python)

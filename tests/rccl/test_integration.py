@@ -99,6 +99,7 @@ def test_installs_through_the_transaction(tmp_path, gfx906_lib, stock_lib):
     assert d.action == "installed", d
     assert sha(env.lib_dir / "librccl.so.1") == sha(gfx906_lib)
     assert d.result["probe"]["status"] == "unavailable"      # CPU torch: no RCCL backend to probe here
+    assert any("could not run" in w for w in d.warnings)     # ... which keeps the library, and says so
     assert status(resolve_target(str(env.python)))["g906_swap"]
     again = ensure_rccl_for_plan(plan(2, gfx906_lib), facts(env), assume_yes=True, dry_run=False, interactive=False)
     assert again.action == "ok"

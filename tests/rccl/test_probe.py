@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from g906.rccl import install, resolve_target, run_probe, status
+from g906.rccl import resolve_target, run_probe, status
 from g906.rccl import state as st
 
 from .helpers import assert_clean_error, real_torch_env, run_cli, sha
@@ -20,7 +20,7 @@ def test_probe_gloo_world_size_2_runs_for_real():
 
 
 def test_probe_nccl_without_gpus_is_unavailable_not_failed():
-    p = run_cli("probe", "--backend", "nccl", "--world-size", "2")
+    p = run_cli("probe", "--backend", "nccl", "--world-size", "1")
     assert_clean_error(p, "probe unavailable", "no NCCL/RCCL backend")
 
 
@@ -79,12 +79,3 @@ def test_install_then_probe_passes_on_a_real_torch(tmp_path, gfx906_lib, stock_l
     assert "ALLREDUCE_OK" in p.stdout
     assert sha(env.lib_dir / "librccl.so.1") == sha(gfx906_lib)
     assert status(resolve_target(str(env.python)))["g906_swap"]
-
-
-def test_install_keeps_library_when_probe_cannot_run(tmp_path, gfx906_lib, stock_lib):
-    env = real_torch_env(tmp_path / "real", stock_lib)      # CPU torch: nccl probe is unavailable
-    t = resolve_target(str(env.python))
-    res = install(gfx906_lib, t, probe_backend="nccl")
-    assert res.probe["status"] == "unavailable"
-    assert any("could not run" in w for w in res.warnings)
-    assert sha(env.lib_dir / "librccl.so.1") == sha(gfx906_lib)
