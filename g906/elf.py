@@ -452,9 +452,14 @@ def parse_offload_bundles(data, start: int = 0, end: int | None = None) -> list[
     limit = len(data) if end is None else min(end, len(data))
     bundles: list[OffloadBundle] = []
     pos = start
+    # the next position of each magic, searched again only once the scan has passed it
+    # (searching both every time would rescan the same megabytes for the rarer one)
+    p_plain = p_ccob = -2
     while pos < limit:
-        p_plain = data.find(BUNDLE_MAGIC, pos, limit)
-        p_ccob = data.find(CCOB_MAGIC, pos, limit)
+        if p_plain != -1 and p_plain < pos:
+            p_plain = data.find(BUNDLE_MAGIC, pos, limit)
+        if p_ccob != -1 and p_ccob < pos:
+            p_ccob = data.find(CCOB_MAGIC, pos, limit)
         cands = [p for p in (p_plain, p_ccob) if p >= 0]
         if not cands:
             break

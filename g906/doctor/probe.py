@@ -145,7 +145,7 @@ def probe_torch(deep):
         try:
             p = torch.cuda.get_device_properties(i)
             d["name"] = getattr(p, "name", None)
-            d["arch"] = getattr(p, "gcnArchName", None)
+            d["arch"] = getattr(p, "gcnArchName", None) if backend == "rocm" else None
             d["total_memory"] = int(getattr(p, "total_memory", 0) or 0)
             d["capability"] = [getattr(p, "major", None), getattr(p, "minor", None)]
             d["multi_processor_count"] = getattr(p, "multi_processor_count", None)
