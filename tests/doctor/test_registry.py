@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from g906.doctor import blocking, collect_facts, preflight, run_checks
+from g906.doctor import blocking, collect_facts, preflight, preflight_error, run_checks
 from g906.doctor.checks import GROUPS, REGISTRY, all_checks, check, exit_code, select
 from g906.doctor.facts import Facts, gfx_name, normalise_arch
 from g906.errors import UsageError
@@ -101,8 +101,25 @@ def test_preflight_on_recorded_facts(tmp_path):
     assert blocking(findings) == []
     assert {f.id for f in findings} >= {"recipe.memory", "rccl.gfx906", "rocblas.tensile", "engine.device"}
     assert not any(f.id.startswith("deep.") for f in findings)
+    assert preflight_error(findings) is None
     too_many = make_plan(tmp_path / "b", tp=4)
-    assert [f.id for f in blocking(preflight(too_many, facts=facts))] == ["recipe.tensor_parallel"]
+    bad = preflight(too_many, facts=facts)
+    assert [f.id for f in blocking(bad)] == ["recipe.tensor_parallel"]
+    err = preflight_error(bad)
+    assert "1 problem(s)" in err.message and "recipe.tensor_parallel" in err.details[0] and "fix:" in err.details[0]
+
+
+def test_rccl_package_in_recipe_does_not_block_up(tmp_path):
+    root = build(tmp_path / "root", Machine(gpus=[("gfx906", 32 * GiB)] * 2, rocm="7.2.0", rocblas_archs=["gfx906"],
+                                            rccl_targets=["gfx942"]))
+    facts = collect_facts(root, probe=torch_probe("2.11.0+rocm7.2", "7.2.1",
+                                                  devices=amd_devices(("gfx906", 32 * GiB), ("gfx906", 32 * GiB))),
+                          env={}, identity=alice(), run_tools=False)
+    plan = make_plan(tmp_path, tp=2)
+    assert [f.id for f in blocking(preflight(plan, facts=facts))] == ["rccl.gfx906"]
+    plan.rccl_package = tmp_path / "rccl-gfx906.tar.gz"
+    f = next(f for f in preflight(plan, facts=facts) if f.id == "rccl.gfx906")
+    assert f.status == "warn" and "g906 up` installs parallel.rccl" in f.summary
 
 
 def test_deep_results_become_checks(tmp_path):

@@ -332,6 +332,10 @@ def rccl_gfx906(ctx: Ctx) -> Result:
     if not needed:
         return ok("RCCL has no gfx906 code; fine for one GPU (tensor parallel would fail)", detail,
                   archs=archs)
+    package = getattr(ctx.plan, "rccl_package", None) if ctx.plan is not None else None
+    if package:
+        return warn(f"RCCL has no gfx906 code; `g906 up` installs parallel.rccl = {package} first",
+                    detail, f"nothing to do for `g906 up`; by hand: g906 rccl install {package}", archs=archs)
     return fail(f"RCCL has no gfx906 code, and {why}",
                 detail + "\nTensor parallel fails at init with \"invalid device function\" / \"invalid kernel file\".",
                 fix, archs=archs)
