@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import stat
 import sys
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -123,6 +125,40 @@ def _check_writable(lib_dir: Path, area: Path) -> None:
     except OSError as exc:
         raise G906Error(f"cannot create the g906 state folder {area}: {exc.strerror or exc}.",
                         hint="set G906_STATE_DIR to a writable folder.") from None
+
+
+def _check_space(folder: Path, need: int, what: str | None) -> None:
+    """Refuse early when *folder*'s file system cannot hold *need* bytes (plus a margin)."""
+    if not what or need <= 0:
+        return
+    probe_dir = folder
+    while not probe_dir.exists() and probe_dir != probe_dir.parent:
+        probe_dir = probe_dir.parent
+    try:
+        free = shutil.disk_usage(probe_dir).free
+    except OSError:
+        return
+    if free < need + (16 << 20):
+        raise G906Error(
+            f"not enough free space in {folder} for {what}: {need / 2**20:.0f} MiB needed, {free / 2**20:.0f} MiB free.",
+            hint="free some disk space (or point G906_STATE_DIR at a bigger disk), then rerun; nothing was changed.",
+        )
+
+
+@contextmanager
+def _os_errors(what: str, lib_dir: Path):
+    """A file-system failure mid-way (disk full, permissions) becomes a message. Each library in
+    torch/lib is still one complete file (only os.replace changes them), so a rerun finishes."""
+    try:
+        yield
+    except OSError as exc:
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        raise G906Error(
+            f"{what} stopped: {exc.strerror or exc}{where}. Every library in {lib_dir} is still complete "
+            f"(either the original or the new one).",
+            hint=f"fix the cause (disk space, permissions), then rerun `g906 rccl {what}` to finish; "
+                 f"`g906 rccl status` shows where things stand.",
+        ) from None
 
 
 def _snapshot(lib_dir: Path) -> tuple[list[Entry], dict[str, str]]:
@@ -252,7 +288,10 @@ def install(
                 result.notes.append(f"would then run the probe (backend {probe_backend}, world size {probe_world_size})")
             return result
         _check_writable(lib_dir, area)
-        with TargetLock(area, lib_dir):
+        _check_space(lib_dir, new.size or 0, "the new library")
+        _check_space(area, sum(os.path.getsize(lib_dir / e.name) for e in entries if e.kind == "file"),
+                     "the backup" if manifest is None or _consistent(manifest, entries, shas) else None)
+        with TargetLock(area, lib_dir), _os_errors("install", lib_dir):
             fault("install_locked")
             m = _install_locked(src.path, src.display, new, target, area, result, log)
             if probe:
@@ -390,8 +429,15 @@ def _probe_after_install(target: Target, area: Path, m: st.Manifest, result: Ins
         log(msg)
         return
     log(f"probe failed: {res.summary}; rolling back")
-    rb = _rollback_locked(target.lib_dir, area, m, force=False, log=log)
     tail = res.output.strip().splitlines()[-40:]
+    try:
+        rb = _rollback_locked(target.lib_dir, area, m, force=False, log=log)
+    except G906Error as exc:
+        raise G906Error(
+            f"the probe failed after installing ({res.summary}), and the automatic rollback failed too: {exc.message}",
+            hint=exc.hint or "run `g906 rccl rollback` to restore the original library.",
+            details=["probe output (last lines):", *tail],
+        ) from None
     raise ProbeFailed(
         f"the probe failed after installing, so g906 restored the original library: {res.summary}.",
         hint=(res.hint + "; then run the install again" if res.hint else
@@ -457,7 +503,7 @@ def rollback(target: Target, *, force: bool = False, dry_run: bool = False, root
             res.warnings.append(_changed_message(lib_dir, m, unknown, target))
         return res
     _check_writable(lib_dir, area)
-    with TargetLock(area, lib_dir):
+    with TargetLock(area, lib_dir), _os_errors("rollback", lib_dir):
         fault("rollback_locked")
         m = st.load_manifest(area)
         if m is None:

@@ -309,3 +309,41 @@ def test_compiled_libraries_are_real_shared_objects(gfx906_lib):
     lib = ctypes.CDLL(str(gfx906_lib))
     v = ctypes.c_int()
     assert lib.ncclGetVersion(ctypes.byref(v)) == 0 and v.value == 22707
+
+
+def test_write_failure_mid_install_is_a_message_and_recoverable(fake_env, gfx906_lib):
+    """A real write failure (RLIMIT_FSIZE: the backup copy hits EFBIG) gives one sentence, not a
+    traceback, leaves torch/lib intact, and a rerun without the limit finishes."""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    env = fake_env()
+    before = env.files()
+    limit = os.path.getsize(env.lib_dir / "librccl.so.1") // 2
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    p = subprocess.run([sys.executable, "-m", "g906.cli.rccl", "install", str(gfx906_lib), "--python",
+                        str(env.python), "--no-probe"], capture_output=True, text=True, preexec_fn=small_files,
+                       env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))
+    assert_clean_error(p, "install stopped", "still complete")
+    assert env.files() == before
+    install(gfx906_lib, target_of(env), probe=False)
+    assert sha(env.lib_dir / "librccl.so.1") == sha(gfx906_lib)
+
+
+def test_not_enough_space_is_refused_before_anything(fake_env, gfx906_lib, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    env = fake_env()
+    before = env.files()
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(1 << 30, 1 << 30, 1 << 20))  # a full disk
+    with pytest.raises(G906Error, match="not enough free space"):
+        install(gfx906_lib, target_of(env), probe=False)
+    assert env.files() == before
