@@ -476,12 +476,21 @@ def _collect_rocm(r: Root, env: dict[str, str], *, run_tools: bool, timeout_s: f
         parts = [re.search(rf"#define\s+ROCM_VERSION_{k}\s+(\d+)", hdr) for k in ("MAJOR", "MINOR", "PATCH")]
         if all(parts):
             version, out["version_from"] = ".".join(p.group(1) for p in parts), "rocm_version.h"  # type: ignore[union-attr]
+    hipconfig = r(path) / "bin/hipconfig"
+    if version is None and run_tools and r.is_real and hipconfig.exists():
+        try:
+            cp = subprocess.run([str(hipconfig), "--version"], capture_output=True, text=True, timeout=timeout_s)
+            m = re.match(r"\s*(\d+\.\d+[\w.\-]*)", cp.stdout)
+            if cp.returncode == 0 and m:
+                version, out["version_from"] = m.group(1), "hipconfig"
+        except (OSError, subprocess.TimeoutExpired):
+            pass
     if version is None:
         m = re.search(r"rocm-(\d+\.\d+(?:\.\d+)?)", os.path.realpath(r(path)))
         if m:
             version, out["version_from"] = m.group(1), "path"
     out["version"] = version
-    out["hipconfig"] = (r(path) / "bin/hipconfig").exists()
+    out["hipconfig"] = hipconfig.exists()
     rocminfo = r(path) / "bin/rocminfo"
     out["rocminfo"] = {"present": rocminfo.exists(), "ran": False}
     if run_tools and rocminfo.exists() and r.is_real:

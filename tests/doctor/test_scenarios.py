@@ -344,3 +344,15 @@ def test_rccl_swap_interrupted(tmp_path, monkeypatch):
     facts = collect_facts(root, probe=MI50_PROBE, env={}, identity=alice(), run_tools=False)
     f = by_id(run_checks(facts), "rccl.swap")
     assert f.status == "fail" and "interrupted" in f.summary and "g906 rccl rollback" in f.fix
+
+
+def test_radeon_vii_sramecc_off_vs_rccl_built_for_sramecc_on(tmp_path):
+    """A Radeon VII runs gfx906:sramecc-; code objects for gfx906:sramecc+ (MI50) do not load there."""
+    machine = mi50_rocm63(gpus=[("gfx906", 16 * GiB)] * 2)
+    devs = [dict(d, name="AMD Radeon VII", arch="gfx906:sramecc-:xnack-") for d in
+            amd_devices(("gfx906", 16 * GiB), ("gfx906", 16 * GiB))]
+    plan = make_plan(tmp_path, tp=2, weights=4 * GB, max_model_len=8192)
+    _, findings = evaluate(tmp_path, machine, torch_probe(devices=devs), plan=plan)
+    assert ids(findings, "fail") == {"rccl.gfx906"}
+    f = by_id(findings, "rccl.gfx906")
+    assert "target features" in f.summary and "gfx906:sramecc-:xnack-" in f.summary

@@ -324,7 +324,21 @@ def rccl_gfx906(ctx: Ctx) -> Result:
     archs = rc.get("gfx_targets") or []
     detail = desc + "\ndevice code for: " + (", ".join(archs) or "none found")
     if rc.get("has_gfx906"):
-        return ok(f"RCCL has gfx906 code (RCCL {ver or '?'})", detail)
+        # target features: code built for sramecc+ (MI50/MI60) does not load on sramecc- (Radeon VII)
+        from g906.elf import has_gfx_target
+
+        device_targets = sorted({d.get("arch") for d in ctx.torch.get("devices", [])
+                                 if normalise_arch(d.get("arch")) == "gfx906" and ":" in str(d.get("arch"))})
+        ids = rc.get("offload_targets") or []
+        mismatched = [t for t in device_targets if ids and not has_gfx_target(ids, t)]
+        if not mismatched:
+            return ok(f"RCCL has gfx906 code (RCCL {ver or '?'})", detail)
+        msg = (f"RCCL's gfx906 code is built for other target features than the GPU ({', '.join(mismatched)})")
+        detail += "\nentries: " + ", ".join(i for i in ids if "gfx906" in i)
+        if needed:
+            return fail(msg, detail + "\nThe code objects do not load: TP fails with \"invalid device function\".",
+                        "install an RCCL built for this GPU's target (e.g. plain gfx906, which fits both settings): " + fix)
+        return warn(msg, detail, fix)
     if ctx.plan is None and n > 1:
         return warn("RCCL has no gfx906 code: tensor parallel over these GPUs would fail",
                     detail + "\nOne GPU per model works; TP>1 fails at init with \"invalid device function\".",
