@@ -68,6 +68,7 @@ class RecipeIssue:
 
 def _display(line: str, col0: int) -> tuple[str, int]:
     """A printable version of a source line and the caret offset in it."""
+    line = line.rstrip("\r\n")
     col0 = max(0, min(col0, len(line)))
     clean = "".join(ch if (ch >= " " and ch != "\x7f") or ch == "\t" else "\ufffd" for ch in line)
     head = clean[:col0].expandtabs(4)
@@ -78,7 +79,7 @@ def _display(line: str, col0: int) -> tuple[str, int]:
         end = caret + _WINDOW
         shown = ("..." if start else "") + shown[start:end] + ("..." if end < len(shown) else "")
         caret = caret - start + (3 if start else 0)
-    return shown.rstrip("\r"), caret
+    return shown, caret
 
 
 class RecipeError(UsageError):

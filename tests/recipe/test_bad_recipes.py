@@ -115,6 +115,8 @@ CASES = [
     Case("comments-only", "# nothing\n\n", None, None, "sets nothing"),
     Case("binary-garbage", b"\x7fELF\x02\x01\x01\x00\x00\x00garbage", 1, None, "binary file"),
     Case("not-utf8", b'[model]\nsource = "caf\xe9"\n', 2, None, "not valid UTF-8"),
+    Case("bom-crlf-tabs", b'\xef\xbb\xbf[model]\r\nsource = "builtin:tiny-qwen35"\r\n[server]\r\n\tport\t=\t"x"\r\n', 4,
+         "server.port", "expected an integer"),
     Case("huge-file", "# padding\n" * 120_000 + M, None, None, "at most 1 MiB"),
 ]
 
