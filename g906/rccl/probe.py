@@ -74,6 +74,8 @@ def run_probe(python: str | None = None, *, world_size: int = 2, backend: str = 
     if backend not in ("nccl", "gloo"):
         raise UsageError(f"unknown probe backend {backend!r}.", hint="use --backend nccl (RCCL on ROCm) or gloo.")
     py = python or sys.executable
+    if os.sep in py:                       # the ranks run in a temporary folder: no relative paths
+        py = os.path.abspath(os.path.expanduser(py))
     port = _free_port()
     run_env = dict(os.environ if env is None else env)
     run_env.setdefault("OMP_NUM_THREADS", "1")

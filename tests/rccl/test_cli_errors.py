@@ -81,3 +81,14 @@ def test_relative_python_path(fake_env, gfx906_lib):
                        capture_output=True, text=True, cwd=env.root.parent)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["python"] == str(env.python)
+
+
+def test_no_torch_import_in_the_g906_process():
+    code = ("import sys, g906.rccl, g906.cli.rccl, g906.rccl.transaction, g906.rccl.integration; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+
+
+def test_probe_with_missing_python(tmp_path):
+    assert_clean_error(run_cli("probe", "--python", tmp_path / "nope", "--backend", "gloo"), "cannot start")
