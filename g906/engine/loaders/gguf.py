@@ -157,9 +157,8 @@ def _open_reader(path: Path):
         reader = gguf.GGUFReader(path, "c")  # private copy-on-write map: pages load lazily
     except Exception as exc:  # noqa: BLE001 - any parse failure is a bad file
         raise G906Error(
-            f"{path}: cannot parse the GGUF file ({size} bytes): {exc}",
-            hint="the file is probably truncated or corrupt (an interrupted download?); "
-                 "download it again",
+            f"{path}: truncated or corrupt GGUF file ({size} bytes): {exc}",
+            hint="an interrupted download? compare the size with the source and download it again",
         ) from None
     for t in reader.tensors:
         end = int(t.data_offset) + int(t.n_bytes)
