@@ -347,3 +347,13 @@ def test_not_enough_space_is_refused_before_anything(fake_env, gfx906_lib, monke
     with pytest.raises(G906Error, match="not enough free space"):
         install(gfx906_lib, target_of(env), probe=False)
     assert env.files() == before
+
+
+def test_lock_also_holds_across_state_folders(fake_env, gfx906_lib, tmp_path):
+    """Another G906_STATE_DIR (another user) still cannot change the same torch/lib at the same time."""
+    env = fake_env()
+    before = env.files()
+    with TargetLock(st.area_for(env.lib_dir, tmp_path / "other-state"), env.lib_dir):
+        proc = run_cli("install", gfx906_lib, "--python", env.python, "--no-probe")
+    assert_clean_error(proc, "different state folder")
+    assert env.files() == before
