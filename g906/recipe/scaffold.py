@@ -115,7 +115,11 @@ def scaffold(model_source: str, output: Path | None = None) -> str:
 
     head = [f"# g906 recipe for {plan.served_model_name}"]
     desc = {"gguf": "GGUF", "hf": "Hugging Face directory", "builtin": "builtin synthetic model"}[plan.model_format]
-    bits = [desc] + [b for b in (plan.architecture, plan.quantization if plan.quantization != "none" else None) if b]
+    weights = [t for t in plan.gguf_tensor_types if t not in ("F32",)]
+    main = max(weights, key=plan.gguf_tensor_types.__getitem__) if weights else None
+    detail = (f"mostly {main} tensors" if main else None) if plan.model_format == "gguf" else \
+        (plan.quantization if plan.quantization != "none" else facts.get("torch_dtype"))
+    bits = [desc] + [b for b in (plan.architecture, detail) if b]
     head.append("#   model: " + ", ".join(bits))
     if isinstance(ctx, int):
         head.append(f"#   context length: {ctx} tokens"

@@ -67,3 +67,23 @@ def test_missing_model_files_are_errors_with_check_files():
     assert errors[0]["key"] == "model.source" and errors[0]["line"] == 5
     assert "model not found" in errors[0]["message"]
     assert "Traceback" not in proc.stderr
+
+
+def test_validate_works_with_torch_broken(tmp_path):
+    """validate is what users run when their stack is broken: a torch that raises on import
+    must not matter (and resolve must not import it)."""
+    fake = tmp_path / "fake"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text("raise ImportError('torch is broken (test)')\n")
+    (fake / "triton").mkdir()
+    (fake / "triton" / "__init__.py").write_text("raise ImportError('triton is broken (test)')\n")
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(fake))
+    for recipe in ("recipes/demo.toml", "recipes/qwen3.5-27b-gguf-tp2.toml"):
+        proc = subprocess.run([sys.executable, "-m", "g906", "validate", recipe, "--json"], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["ok"] is True
