@@ -20,6 +20,9 @@ def evaluate(tmp_path: Path, machine: Machine, probe: dict, *, plan=None, env: d
     facts = collect_facts(root, probe=probe, env=env or {}, identity=identity or alice(), run_tools=False)
     assert facts.errors == []
     findings = run_checks(facts, plan)
+    for f in findings:  # every problem comes with a concrete fix
+        if f.status in ("warn", "fail"):
+            assert f.fix, f"{f.id} ({f.status}) has no fix: {f.summary}"
     # --collect then --from: the same verdicts
     saved = tmp_path / "facts.json"
     facts.save(saved)

@@ -203,6 +203,8 @@ def _run_one(spec: CheckSpec, ctx: Ctx) -> Finding:
             "This is a bug in g906 doctor; the other checks still ran.",
             "report it with the facts attached: g906 doctor --collect facts.json",
         )
+    if res.status in ("warn", "fail") and not res.fix:  # every problem gets an action
+        res.fix = f"run `g906 doctor {spec.id} -v` for the details (docs/doctor.md explains the check)"
     return Finding(id=spec.id, status=res.status, summary=res.summary, detail=res.detail, fix=res.fix,
                    group=spec.group, title=spec.title, data=res.data)
 

@@ -242,7 +242,8 @@ def memory(ctx: Ctx) -> Result:
     data = {"estimate": est.to_json()}
     worst = max(est.per_device, key=lambda d: d.total)
     if est.fits is None:
-        return warn(f"needs about {fmt_bytes(worst.total)} per device; device memory unknown", detail, None, **data)
+        return warn(f"needs about {fmt_bytes(worst.total)} per device; device memory unknown", detail,
+                    "compare with your GPUs' memory (rocm-smi --showmeminfo vram / nvidia-smi)", **data)
     if est.fits:
         return ok(f"about {fmt_bytes(worst.total)} of {fmt_bytes(worst.budget)} per device", detail, **data)
     over = worst.total - (worst.budget or 0)

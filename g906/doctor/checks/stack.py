@@ -168,7 +168,8 @@ def torch_devices(ctx: Ctx) -> Result:
                         "check HIP_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES")
         errs = [d for d in t.get("devices", []) if d.get("error")]
         if errs:
-            return fail(f"torch cannot query GPU {errs[0]['index']}: {errs[0]['error']}", "\n".join(names))
+            return fail(f"torch cannot query GPU {errs[0]['index']}: {errs[0]['error']}", "\n".join(names),
+                        "check the GPU with rocminfo / rocm-smi; hide a broken GPU with HIP_VISIBLE_DEVICES")
         return ok(f"{n} GPU(s): " + ", ".join(sorted({(d.get('arch') or '?') for d in t.get('devices', [])})),
                   "\n".join(names))
     if ctx.torch_backend == "cuda":
@@ -187,7 +188,8 @@ def torch_arch_list(ctx: Ctx) -> Result:
         return skip("no gfx906 GPU with a ROCm torch")
     archs = ctx.torch.get("arch_list") or []
     if not archs:
-        return warn("torch did not report its compiled architectures", ctx.torch.get("arch_list_error", ""))
+        return warn("torch did not report its compiled architectures", ctx.torch.get("arch_list_error", ""),
+                    "run: python -c 'import torch; print(torch.cuda.get_arch_list())'")
     base = {normalise_arch(a) for a in archs}
     if "gfx906" in base:
         return ok("gfx906 is in torch's arch list", " ".join(archs))
