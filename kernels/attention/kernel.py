@@ -123,7 +123,7 @@ def _decode_reduce_kernel(po_ptr, pl_ptr, gate_ptr, out_ptr, num_splits, Hq, sg_
     tl.store(out_ptr + b * so_b + h * so_h + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
 
 
-def _decode_config(q, k_cache, block_tables, num_kv, max_seq_len, block_n=None, per_sm=4):
+def _decode_config(q, k_cache, block_tables, num_kv, max_seq_len, block_n=None, per_sm=None):
     B, Hq, D = q.shape
     G = Hq // num_kv
     use_dot = q.device.type == "cuda" and not is_rocm()
@@ -139,6 +139,8 @@ def _decode_config(q, k_cache, block_tables, num_kv, max_seq_len, block_n=None, 
     if max_seq_len is not None:
         max_ctx = min(max_ctx, int(max_seq_len))
     max_ctx = max(max_ctx, 1)
+    if per_sm is None:  # H200 sweep: long contexts like more, shorter splits
+        per_sm = 8 if max_ctx >= 16384 else 4
     target = per_sm * num_sms(q.device)
     splits = max(1, min(triton.cdiv(target, B * num_kv), triton.cdiv(max_ctx, 256)))
     split_len = triton.cdiv(triton.cdiv(max_ctx, splits), BLOCK_N) * BLOCK_N
@@ -147,7 +149,7 @@ def _decode_config(q, k_cache, block_tables, num_kv, max_seq_len, block_n=None, 
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None,
-                           max_seq_len=None, num_splits=None, block_n=None, num_warps=4, per_sm=4):
+                           max_seq_len=None, num_splits=None, block_n=None, num_warps=4, per_sm=None):
     B, Hq, D = q.shape
     num_kv = k_cache.shape[2]
     out = empty_like(q)

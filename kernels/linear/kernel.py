@@ -23,6 +23,11 @@ from .._triton_util import is_rocm, next_pow2, empty
 QTYPES = {"Q8_0": 0, "Q4_0": 1, "Q4_K": 2, "Q5_K": 3, "Q6_K": 4}
 # bytes of one 256-element step for each type
 STEP_BYTES = {"Q8_0": 8 * 34, "Q4_0": 8 * 18, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+# shape [P, Q] of the two register tiles one step decodes into (P * Q = 128)
+PART_SHAPE = {"Q8_0": (4, 32), "Q4_0": (8, 16), "Q4_K": (4, 32), "Q5_K": (4, 32), "Q6_K": (8, 16)}
+# weight bytes to keep in flight over the whole device per K step (H200-measured: ~3-6 MB)
+INFLIGHT_BYTES = 3 << 20
+QINFLIGHT_BYTES = 8 << 20
 
 
 @triton.jit
@@ -116,27 +121,30 @@ def _dequant_step(rowp, QT: tl.constexpr):
 @triton.jit
 def _qgemv_kernel(x_ptr, w_ptr, out_ptr, N, K, T, sx_t, sw_n, so_t, n_steps,
                   QT: tl.constexpr, STEP_B: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_T: tl.constexpr):
+                  BLOCK_T: tl.constexpr, P: tl.constexpr, Q: tl.constexpr,
+                  UNROLL: tl.constexpr):
+    # Partial products accumulate in a [BLOCK_T, BLOCK_N, P, Q] register tile and are reduced
+    # once at the end (no cross-lane reduction inside the loop); UNROLL steps per iteration
+    # keep enough weight bytes in flight (about N * UNROLL * STEP_B over the whole chip).
     pid = tl.program_id(0)
     nn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = nn < N
     nc = tl.where(nmask, nn, 0).to(tl.int64)          # clamp: rows past N read row 0
     rowp = w_ptr + nc[:, None, None] * sw_n
     tt = tl.arange(0, BLOCK_T)
-    acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
-    for st in range(0, n_steps):
-        w0, e0, w1, e1 = _dequant_step(rowp + st * STEP_B, QT)
-        kb = st * 256
-        for t in tl.static_range(BLOCK_T):
-            tm = t < T
-            x0 = tl.load(x_ptr + t * sx_t + kb + e0, mask=tm, other=0.0).to(tl.float32)
-            x1 = tl.load(x_ptr + t * sx_t + kb + e1, mask=tm, other=0.0).to(tl.float32)
-            part = tl.sum(tl.sum(w0 * x0 + w1 * x1, axis=2), axis=1)
-            if BLOCK_T == 1:
-                acc += part[None, :]
-            else:
-                acc += tl.where(tt[:, None] == t, part[None, :], 0.0)
-    tl.store(out_ptr + tt[:, None] * so_t + nn[None, :], acc.to(out_ptr.dtype.element_ty),
+    tm = (tt < T)[:, None, None, None]
+    xrow = x_ptr + tt.to(tl.int64)[:, None, None, None] * sx_t
+    acc = tl.zeros([BLOCK_T, BLOCK_N, P, Q], tl.float32)
+    for st0 in range(0, n_steps, UNROLL):
+        for j in tl.static_range(UNROLL):
+            st = st0 + j
+            w0, e0, w1, e1 = _dequant_step(rowp + st * STEP_B, QT)
+            kb = st * 256
+            x0 = tl.load(xrow + kb + e0[None], mask=tm, other=0.0).to(tl.float32)
+            x1 = tl.load(xrow + kb + e1[None], mask=tm, other=0.0).to(tl.float32)
+            acc += w0[None] * x0 + w1[None] * x1
+    res = tl.sum(tl.sum(acc, axis=3), axis=2)
+    tl.store(out_ptr + tt[:, None] * so_t + nn[None, :], res.to(out_ptr.dtype.element_ty),
              mask=(tt[:, None] < T) & nmask[None, :])
 
 
@@ -209,14 +217,18 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, T, sx_t, sw_n, so_t,
 
 
 def _gemv_config(T, N, K, device, dtype):
+    """Keep about INFLIGHT_BYTES of weights in flight: N * BLOCK_K * elem bytes per K step."""
     bt = next_pow2(T)
-    use_dot = (device.type == "cuda" and not is_rocm() and bt > 4 and dtype == torch.float16)
+    esize = 2 if dtype == torch.float16 else 4
+    block_k = next_pow2(max(1, INFLIGHT_BYTES // (N * esize)))
+    block_k = max(min(256, next_pow2(K)), min(2048, block_k, next_pow2(K)))
+    use_dot = (device.type == "cuda" and not is_rocm() and bt > 8 and dtype == torch.float16)
     if use_dot:
-        bt = max(16, bt)
-        return dict(BLOCK_T=bt, BLOCK_N=32, BLOCK_K=128, USE_DOT=True, num_warps=4)
+        return dict(BLOCK_T=max(16, bt), BLOCK_N=16, BLOCK_K=min(block_k, 512), USE_DOT=True,
+                    num_warps=4)
     # broadcast path: BLOCK_T * BLOCK_N * BLOCK_K fp32 partial sums in registers
-    block_k = 256 if bt == 1 else (128 if bt <= 2 else 64)
-    block_n = max(2, min(16, 4096 // (bt * block_k)))
+    block_k = min(block_k, max(64, 4096 // bt))
+    block_n = max(1, min(16, 4096 // (bt * block_k)))
     return dict(BLOCK_T=bt, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=False, num_warps=4)
 
 
@@ -250,12 +262,19 @@ def quant_matmul(x, qweight, **cfg):
     n_steps = K // 256
     if T <= 16:
         bt = next_pow2(T)
-        block_n = cfg.pop("BLOCK_N", 16 if bt <= 2 else 8)
+        block_n = cfg.pop("BLOCK_N", max(1, min(4, 32 // bt)))
+        unroll = cfg.pop("UNROLL", None)
+        if unroll is None:
+            want = max(1, QINFLIGHT_BYTES // max(1, N * STEP_BYTES[qweight.qtype]))
+            unroll = 1
+            while unroll * 2 <= min(want, 16) and n_steps % (unroll * 2) == 0:
+                unroll *= 2
         warps = cfg.pop("num_warps", 4)
+        P, Q = PART_SHAPE[qweight.qtype]
         _qgemv_kernel[(triton.cdiv(N, block_n),)](
             x, data, out, N, K, T, x.stride(0), data.stride(0), out.stride(0), n_steps,
-            QT=qt, STEP_B=STEP_BYTES[qweight.qtype], BLOCK_N=block_n, BLOCK_T=bt,
-            num_warps=warps)
+            QT=qt, STEP_B=STEP_BYTES[qweight.qtype], BLOCK_N=block_n, BLOCK_T=bt, P=P, Q=Q,
+            UNROLL=unroll, num_warps=warps)
         return out
     block_m = cfg.pop("BLOCK_M", 64 if x.device.type == "cuda" else 16)
     block_n = cfg.pop("BLOCK_N", 64 if x.device.type == "cuda" else 16)
