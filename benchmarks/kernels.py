@@ -140,7 +140,7 @@ def bench_qgemv(quick):
     if not quick:
         shapes += [("27B", 17408, 5120), ("27B", 5120, 17408)]
     sweep = [dict(BLOCK_N=n, UNROLL=u, num_warps=w) for n, u, w in
-             ((4, 8, 4), (2, 8, 4), (8, 4, 4), (4, 4, 4), (4, 16, 8))]
+             ((4, 8, 4), (2, 8, 4), (8, 4, 4), (4, 4, 4), (4, 8, 8))]
     for model, N, K in shapes:
         for qt in types:
             if model == "27B" and qt not in ("Q4_K", "Q6_K"):

@@ -269,6 +269,7 @@ def quant_matmul(x, qweight, **cfg):
             unroll = 1
             while unroll * 2 <= min(want, 16) and n_steps % (unroll * 2) == 0:
                 unroll *= 2
+        assert n_steps % unroll == 0, "UNROLL must divide in_features / 256"
         warps = cfg.pop("num_warps", 4)
         P, Q = PART_SHAPE[qweight.qtype]
         _qgemv_kernel[(triton.cdiv(N, block_n),)](
