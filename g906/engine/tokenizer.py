@@ -53,6 +53,32 @@ TOKEN_TYPE_UNUSED = 5
 TOKEN_TYPE_BYTE = 6
 
 
+# Control tokens that end generation in Qwen chat models (HF generation_config lists both; GGUF
+# records only one eos id, so they are added by text, as llama.cpp does for its EOG set).
+EOG_TOKEN_TEXTS = ("<|im_end|>", "<|endoftext|>")
+
+
+def gguf_eos_token_ids(fields: Mapping[str, Any]) -> list[int]:
+    """End-of-generation ids of a GGUF tokenizer: eos, eot, eom ids, then EOG_TOKEN_TEXTS present
+    as control tokens."""
+    out: list[int] = []
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        v = fields.get(key)
+        if v is not None and int(v) not in out:
+            out.append(int(v))
+    tokens = fields.get("tokenizer.ggml.tokens") if "tokenizer.ggml.tokens" in fields else None
+    types = fields.get("tokenizer.ggml.token_type") if "tokenizer.ggml.token_type" in fields else None
+    if tokens:
+        for text in EOG_TOKEN_TEXTS:
+            try:
+                i = tokens.index(text)
+            except ValueError:
+                continue
+            if (types is None or types[i] == TOKEN_TYPE_CONTROL) and i not in out:
+                out.append(i)
+    return out
+
+
 @lru_cache(maxsize=1)
 def byte_decoder() -> dict[str, int]:
     """GPT-2 byte-level alphabet: printable char -> byte."""
@@ -267,8 +293,7 @@ class Tokenizer:
             v = fields.get(key)
             return None if v is None else int(v)
 
-        eos = [fid(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
-                                "tokenizer.ggml.eom_token_id") if fid(k) is not None]
+        eos = gguf_eos_token_ids(fields)
         special: dict[str, str] = {}
         for name, key in (("bos_token", "bos"), ("eos_token", "eos"), ("unk_token", "unknown"),
                           ("pad_token", "padding")):

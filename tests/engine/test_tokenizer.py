@@ -88,6 +88,9 @@ def test_special_tokens_and_ids(tok_dirs, gguf_toks):
         assert tok.decode(ids, skip_special_tokens=True) == "assistant\n<think>\nhm</think>ok"
         assert tok.special_tokens_map["eos_token"] == "<|im_end|>"
     g = gguf_toks["qwen35"]
+    tok = g.tokenizer()
+    assert tok.eos_token_ids == [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")]
+    assert g.config().eos_token_ids == tok.eos_token_ids
     types = g.metadata["tokenizer.ggml.token_type"]
     tokens = g.metadata["tokenizer.ggml.tokens"]
     assert len(tokens) == 512 and tokens[-1] == "[PAD511]" and types[-1] == 5

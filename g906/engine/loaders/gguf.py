@@ -357,10 +357,9 @@ class GGUFModelFile:
         if emb is None:
             raise G906Error(f"{self.path}: tensor token_embd.weight is missing")
         vocab = int(emb.shape[0])
-        eos_ids: list[int] = []
-        for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
-            if key in md and md[key] is not None and int(md[key]) not in eos_ids:
-                eos_ids.append(int(md[key]))
+        from g906.engine.tokenizer import gguf_eos_token_ids
+
+        eos_ids = gguf_eos_token_ids(md)
         bos = md.get("tokenizer.ggml.bos_token_id")
         pad = md.get("tokenizer.ggml.padding_token_id")
         try:
