@@ -69,10 +69,10 @@ def _safetensors_header_ok(path: Path) -> None:
 def inspect_hf_dir(path: Path) -> HFInfo:
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
-        raise ModelFileError(
-            f"{path} has no config.json, so it is not a Hugging Face model directory",
-            "model.source is a GGUF file, a directory with config.json and *.safetensors, or builtin:<name>",
-        )
+        ggufs = sorted(p.name for p in path.glob("*.gguf") if "mmproj" not in p.name.lower())
+        help = (f"it holds GGUF files: set model.source to the file, e.g. \"{path.name}/{ggufs[0]}\"" if ggufs else
+                "model.source is a GGUF file, a directory with config.json and *.safetensors, or builtin:<name>")
+        raise ModelFileError(f"{path} has no config.json, so it is not a Hugging Face model directory", help)
     config = read_json(cfg_path)
     if not isinstance(config, dict):
         raise ModelFileError(f"{cfg_path} does not hold a JSON object")

@@ -262,3 +262,10 @@ def test_resolve_without_a_loader(tmp_path):
         resolve(recipe)
     assert info.value.issues[0].line is None
     assert resolve(recipe, check_files=False).missing_files == [tmp_path / "nope.gguf"]
+
+
+def test_directory_of_ggufs_suggests_the_file(tmp_path):
+    (tmp_path / "Qwen-GGUF").mkdir()
+    write_gguf(tmp_path / "Qwen-GGUF" / "Qwen-Q4_K_M.gguf")
+    errs = errors_of(tmp_path, '[model]\nsource = "Qwen-GGUF"\n')
+    assert "has no config.json" in errs[0]["message"] and "Qwen-GGUF/Qwen-Q4_K_M.gguf" in errs[0]["help"]
