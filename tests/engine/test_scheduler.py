@@ -82,17 +82,12 @@ def test_fifo_admission_and_max_num_seqs():
     first = sch.schedule()
     assert [s.request_id for s in first.seqs] == ["s0", "s1"]
     assert sch.num_running == 2 and sch.num_waiting == 3
-    order = []
-    for s in seqs:
-        pass
-    # finishing order follows arrival order
+    for i, s in enumerate(first.seqs):
+        s.num_cached_tokens += first.num_new_tokens[i]
+        s.append_token(7)
     finished = []
-    for b in [first] + []:
-        for i, s in enumerate(b.seqs):
-            s.num_cached_tokens += b.num_new_tokens[i]
-            s.append_token(7)
     while sch.has_unfinished():
-        b = run_step(sch)
+        run_step(sch)
         for s in seqs:
             if s.is_finished and s.request_id not in finished:
                 finished.append(s.request_id)
