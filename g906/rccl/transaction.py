@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from g906.errors import G906Error
+from g906.errors import G906Error, UsageError
 from g906.rccl import state as st
 from g906.rccl.faults import fault
 from g906.rccl.fsutil import copy_durable, fsync_dir, sha256_file, symlink_atomic
@@ -253,6 +253,9 @@ def install(
     root: Path | None = None,
     log: Log = _nolog,
 ) -> InstallResult:
+    if probe and probe_backend not in ("nccl", "gloo"):
+        raise UsageError(f"unknown probe backend {probe_backend!r}.",
+                         hint="use --probe-backend nccl (RCCL on ROCm) or gloo.")
     lib_dir = target.lib_dir
     area = st.area_for(lib_dir, root)
     src = open_source(source, area / "staging")

@@ -62,6 +62,8 @@ def test_json_errors_are_json(fake_env):
 def test_usage_errors():
     p = run_cli("probe", "--backend", "mpi")
     assert_clean_error(p, "unknown probe backend")
+    p = run_cli("install", "x.so", "--probe-backend", "mpi")
+    assert_clean_error(p, "unknown probe backend")
     p = run_cli("install")
     assert p.returncode == 2 and "Traceback" not in p.stderr
 
