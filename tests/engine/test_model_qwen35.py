@@ -248,10 +248,13 @@ def test_sharded_bf16_checkpoint(tmp_path, tiny_qwen35_hf_model):
 
 def test_mtp_weights_are_kept_not_run(tiny_qwen35_hf_model, hf_refs):
     cfg = ModelConfig.from_hf_dict(tiny_qwen35_hf_model.config.to_dict())
-    model = Qwen35ForCausalLM(cfg, dtype=torch.float32, device="cpu")
     extra = [("mtp.fc.weight", torch.randn(64, 128)), ("mtp.norm.weight", torch.randn(64))]
+    dropped = Qwen35ForCausalLM(cfg, dtype=torch.float32, device="cpu")
+    stats = dropped.load_weights(list(tiny_qwen35_hf_model.state_dict().items()) + extra)
+    assert stats["mtp_tensors"] == 2 and stats["mtp_kept"] == 0 and not dropped.mtp_weights
+    model = Qwen35ForCausalLM(cfg, dtype=torch.float32, device="cpu", keep_mtp=True)
     stats = model.load_weights(list(tiny_qwen35_hf_model.state_dict().items()) + extra)
-    assert stats["mtp_tensors"] == 2 and set(model.mtp_weights) == {"mtp.fc.weight", "mtp.norm.weight"}
+    assert stats["mtp_kept"] == 2 and set(model.mtp_weights) == {"mtp.fc.weight", "mtp.norm.weight"}
     got = TinyRunner(model).step([0], [random_prompt(17, seed=17)])[0]
     assert rel_err(got, hf_refs("logits", 17)[-1]) < TOL
 

@@ -106,14 +106,15 @@ def _normalise_name(name: str) -> str | None:
 class Qwen35ForCausalLM(nn.Module):
     """Qwen3.5 causal LM.
 
-    Qwen35ForCausalLM(config, dtype=, device=, max_positions=None)
+    Qwen35ForCausalLM(config, dtype=, device=, max_positions=None, keep_mtp=False)
       .load_weights(iterable of (hf_name, Tensor | QuantizedTensor)) -> dict (loaded bytes etc.)
       .bind_cache(ModelCache)
       .forward(input_ids [T], positions [T], ctx) -> hidden [T, H]
       .compute_logits(hidden [N, H]) -> float32 [N, V]
     """
 
-    def __init__(self, config: ModelConfig, *, dtype: torch.dtype, device=None, max_positions: int | None = None):
+    def __init__(self, config: ModelConfig, *, dtype: torch.dtype, device=None, max_positions: int | None = None,
+                 keep_mtp: bool = False):
         super().__init__()
         self.config = config
         self.dtype = dtype
@@ -122,6 +123,9 @@ class Qwen35ForCausalLM(nn.Module):
         self.max_positions = int(max_positions or config.max_position_embeddings)
         self.model = Qwen35TextModel(config, dtype, self.device, self.max_positions)
         self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, config.vocab_size)
+        # multi-token-prediction weights: accepted by load_weights, resident only with keep_mtp
+        # (for speculative decoding later); never run here
+        self.keep_mtp = keep_mtp
         self.mtp_weights: dict[str, torch.Tensor | QuantizedTensor] = {}
         self.cache: ModelCache | None = None
 
@@ -137,10 +141,13 @@ class Qwen35ForCausalLM(nn.Module):
         return slots
 
     def _convert(self, name: str, t: torch.Tensor, spec: WeightSpec) -> torch.Tensor:
+        """To the device first (conversion is faster there), then to the slot's dtype, with a
+        range check when narrowing to float16."""
         target = spec.dtype or self.dtype
+        t = t.to(self.device)
         if t.dtype != target:
             if target == torch.float16 and t.dtype in (torch.bfloat16, torch.float32) and t.numel():
-                big = t.abs().max().item()
+                big = float(t.abs().max())
                 if big > _FP16_MAX and big != float("inf"):
                     raise G906Error(
                         f"tensor {name} holds values up to {big:.4g}, beyond float16's range (65504)",
@@ -150,22 +157,27 @@ class Qwen35ForCausalLM(nn.Module):
             t = t.to(target)
         if tuple(t.shape) != tuple(spec.shape):
             t = t.reshape(spec.shape)
-        return t.to(self.device).contiguous()
+        return t.contiguous()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor | QuantizedTensor]]) -> dict:
         """Load (name, tensor) pairs with HF names (text-only or multimodal wrapper names).
         Every tensor is checked against the config; a missing, unknown or mis-shaped tensor raises
-        G906Error naming it. mtp.* weights are kept (self.mtp_weights) but not run. Returns
-        {"weight_bytes": resident bytes, "quantized_tensors": n, "mtp_tensors": n}."""
+        G906Error naming it. mtp.* weights are accepted and counted, and kept in self.mtp_weights
+        when keep_mtp (never run). Returns {"weight_bytes": resident bytes, "quantized_tensors": n,
+        "mtp_tensors": n seen, "mtp_kept": n resident}."""
         slots = self.weight_slots()
         loaded: set[str] = set()
         nbytes = 0
         nquant = 0
+        nmtp = 0
         for raw_name, tensor in weights:
             name = _normalise_name(raw_name)
             if name is None:
                 continue
             if name.startswith("mtp."):
+                nmtp += 1
+                if not self.keep_mtp:
+                    continue
                 if isinstance(tensor, QuantizedTensor):
                     tensor = tensor.to(self.device)
                 else:
@@ -207,7 +219,8 @@ class Qwen35ForCausalLM(nn.Module):
                 f"the checkpoint lacks tensor {missing[0]}" + (f"; also missing: {', '.join(missing[1:5])}{more}" if len(missing) > 1 else ""),
                 hint="the files are incomplete or belong to a different model",
             )
-        return {"weight_bytes": nbytes, "quantized_tensors": nquant, "mtp_tensors": len(self.mtp_weights)}
+        return {"weight_bytes": nbytes, "quantized_tensors": nquant, "mtp_tensors": nmtp,
+                "mtp_kept": len(self.mtp_weights)}
 
     def _post_load(self) -> None:
         """Stack projections that share an input into one matmul (q/k/v; the four GDN input
