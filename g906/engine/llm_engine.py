@@ -146,8 +146,9 @@ class LLMEngine:
             loaded, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=mbt, max_model_len=self.max_model_len,
             gpu_memory_utilization=config.gpu_memory_utilization, cpu_kv_cache_gib=config.cpu_kv_cache_gib,
-            num_kv_blocks=config.num_kv_blocks, seed=config.seed,
+            num_kv_blocks=config.num_kv_blocks, seed=config.seed, fit_len=not explicit_len,
         )
+        self.max_model_len = self.runner.max_model_len   # lowered to the cache when not explicit
         s = self.runner.sizing
         self.cache = CacheManager(s.num_blocks, config.block_size, config.max_num_seqs)
         self.scheduler = Scheduler(
@@ -174,7 +175,7 @@ class LLMEngine:
             return min(model_max, cfg.num_kv_blocks * cfg.block_size)
         dev = str(self.loaded.info.get("device", "cpu"))
         if not dev.startswith("cpu"):
-            return min(model_max, 32768)
+            return model_max          # the runner lowers it to what the profiled budget holds
         dtype = _dtype_of(self.loaded.model)
         per_block = max(1, kv_bytes_per_block(self.model_config, cfg.block_size, dtype))
         budget = cfg.cpu_kv_cache_gib * GiB - state_bytes_per_slot(self.model_config, dtype) * cfg.max_num_seqs

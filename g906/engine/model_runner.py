@@ -53,7 +53,7 @@ def _dtype_of(model) -> torch.dtype:
 class ModelRunner:
     def __init__(self, loaded, *, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int, gpu_memory_utilization: float = 0.9, cpu_kv_cache_gib: float = 1.0,
-                 num_kv_blocks: int | None = None, seed: int | None = None):
+                 num_kv_blocks: int | None = None, seed: int | None = None, fit_len: bool = False):
         self.loaded = loaded
         self.model = loaded.model
         self.config = loaded.config
@@ -63,6 +63,7 @@ class ModelRunner:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
+        self.fit_len = fit_len          # lower max_model_len to the cache instead of failing
         self.sampler = Sampler(self.device, seed=seed)
         pin = self.device.type == "cuda"
         m = max_num_batched_tokens
@@ -101,6 +102,11 @@ class ModelRunner:
             budget = int(cpu_gib * GiB) - states
             source = "cpu budget"
         num_blocks = min(budget // per_block, useful) if budget > 0 else 0
+        if num_blocks < blocks_per_seq and self.fit_len and num_blocks * self.block_size >= 256:
+            log.warning("the KV cache holds %d tokens: max_model_len lowered from %d to that",
+                        num_blocks * self.block_size, self.max_model_len)
+            self.max_model_len = int(num_blocks * self.block_size)
+            blocks_per_seq = num_blocks
         if num_blocks < blocks_per_seq:
             need = (blocks_per_seq * per_block + states) / GiB
             where = "gpu_memory_utilization" if self.device.type == "cuda" else "engine.embedded.cpu_kv_cache_gib"
