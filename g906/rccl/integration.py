@@ -6,7 +6,8 @@
         raise G906Error(decision.reason, hint=decision.hint)
 
 Facts: a g906.doctor.facts.Facts (its visible_amd_gpus(), torch, python and rccl fields are
-read), or any dict of the same shape; every key is optional:
+read), or any dict of the same shape (None: collected now with g906.doctor.facts.collect_facts);
+every key is optional:
 
     gpus: [{"gfx": "gfx906", ...}, ...]              (keys tried: gfx, arch, gfx_target, gcn_arch_name, name)
     gpu_archs: ["gfx906", ...]                       (a flat alternative)
@@ -126,6 +127,13 @@ def ensure_rccl_for_plan(plan: Any, facts: Any, *, assume_yes: bool, dry_run: bo
     tp = int(getattr(plan, "tensor_parallel_size", 1) or 1)
     if tp <= 1:
         return RcclDecision(NOT_NEEDED, "single GPU (tensor_parallel_size = 1): RCCL is not used")
+    if facts is None:                               # nothing given: ask the doctor now
+        try:
+            from g906.doctor.facts import collect_facts
+
+            facts = collect_facts(python=sys.executable)
+        except Exception:  # noqa: BLE001 - without facts the GPUs are unknown; say so below
+            facts = None
     f = _as_dict(facts)
     if hasattr(facts, "visible_amd_gpus"):          # g906.doctor.facts.Facts: the GPUs HIP would see
         f["gpus"] = facts.visible_amd_gpus()
