@@ -277,17 +277,11 @@ class Tokenizer:
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
             ])
         backend.decoder = decoders.ByteLevel()
-        added = []
-        for i, (t, ty) in enumerate(zip(tokens, types)):
-            if ty == TOKEN_TYPE_CONTROL:
-                added.append((i, AddedToken(t, special=True, normalized=False)))
-            elif ty == TOKEN_TYPE_USER_DEFINED:
-                added.append((i, AddedToken(t, special=False, normalized=False)))
-        for _, tok in added:  # order by id; ids are preserved because every token is in the vocab
-            if tok.special:
-                backend.add_special_tokens([tok])
-            else:
-                backend.add_tokens([tok])
+        # ids are preserved: every added token is already in the BPE vocabulary
+        backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                    for t, ty in zip(tokens, types) if ty == TOKEN_TYPE_CONTROL])
+        backend.add_tokens([AddedToken(t, special=False, normalized=False)
+                            for t, ty in zip(tokens, types) if ty == TOKEN_TYPE_USER_DEFINED])
 
         def fid(key: str) -> int | None:
             v = fields.get(key)

@@ -150,8 +150,8 @@ def test_tied_embeddings(tmp_path):
 def test_f32_logits_and_greedy_match_transformers(f32_gguf, tiny_qwen35_hf_model):
     lm = _load(f32_gguf)
     assert lm.config.linear_v_head_order == "tiled"
-    runner = TinyRunner(lm.model, max_len=512)
-    for n, seed in ((1, 10), (17, 11), (300, 12)):
+    runner = TinyRunner(lm.model, max_seqs=1, max_len=192)
+    for n, seed in ((1, 10), (17, 11), (150, 12)):  # 150 crosses the 64-token chunk boundaries
         p = random_prompt(n, seed)
         runner.release(0)
         got = runner.step([0], [p])[0]
