@@ -119,6 +119,25 @@ def test_unsupported_tensor_type(tiny_qwen35_hf_model, tmp_path, qtype):
     assert "Q4_K" in (err.hint or "")
 
 
+def test_unknown_type_id(tmp_path):
+    import numpy as np
+    import gguf
+
+    w = gguf.GGUFWriter(path=None, arch="qwen35")
+    w.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
+    w.write_header_to_file(path=tmp_path / "x.gguf")
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    b = bytearray((tmp_path / "x.gguf").read_bytes())
+    name = b"token_embd.weight"
+    i = b.index(name) + len(name) + 4 + 8 * 2  # after name, n_dims (u32) and two dims (u64)
+    b[i:i + 4] = (77).to_bytes(4, "little")
+    p = tmp_path / "future.gguf"
+    p.write_bytes(bytes(b))
+    _expect(p, "type")
+
+
 def test_split_missing_part(tiny_qwen35_hf_model, tmp_path):
     paths = write_gguf(tiny_qwen35_hf_model, tmp_path / "s.gguf", split_max_tensors=25)
     assert len(paths) == 3

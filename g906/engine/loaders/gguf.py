@@ -156,6 +156,11 @@ def _open_reader(path: Path):
     try:
         reader = gguf.GGUFReader(path, "c")  # private copy-on-write map: pages load lazily
     except Exception as exc:  # noqa: BLE001 - any parse failure is a bad file
+        if "GGMLQuantizationType" in str(exc):
+            raise G906Error(
+                f"{path}: a tensor uses a type this gguf package does not know ({exc})",
+                hint="supported types: " + ", ".join(_type_table()),
+            ) from None
         raise G906Error(
             f"{path}: truncated or corrupt GGUF file ({size} bytes): {exc}",
             hint="an interrupted download? compare the size with the source and download it again",
@@ -214,6 +219,9 @@ class _LazyMetadata(Mapping):
         if key not in self._cache:
             self._cache[key] = _field_value(self._fields[key])
         return self._cache[key]
+
+    def __contains__(self, key: object) -> bool:  # without parsing the value
+        return key in self._fields
 
     def __iter__(self):
         return iter(self._fields)
