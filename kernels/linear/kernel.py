@@ -149,6 +149,26 @@ def _qgemv_kernel(x_ptr, w_ptr, out_ptr, N, K, T, sx_t, sw_n, so_t, n_steps,
 
 
 @triton.jit
+def _qgemv_row_kernel(x_ptr, w_ptr, out_ptr, N, sw_n, n_steps, QT: tl.constexpr,
+                      STEP_B: tl.constexpr, BLOCK_N: tl.constexpr):
+    """T == 1: reduce each step's products to [BLOCK_N] at once (measured faster on H200 than
+    the 4-D accumulator for the K-quants and Q8_0 at one row)."""
+    pid = tl.program_id(0)
+    nn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = nn < N
+    nc = tl.where(nmask, nn, 0).to(tl.int64)          # clamp: rows past N read row 0
+    rowp = w_ptr + nc[:, None, None] * sw_n
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for st in range(0, n_steps):
+        w0, e0, w1, e1 = _dequant_step(rowp + st * STEP_B, QT)
+        kb = st * 256
+        x0 = tl.load(x_ptr + kb + e0).to(tl.float32)
+        x1 = tl.load(x_ptr + kb + e1).to(tl.float32)
+        acc += tl.sum(tl.sum(w0 * x0 + w1 * x1, axis=2), axis=1)
+    tl.store(out_ptr + nn, acc.to(out_ptr.dtype.element_ty), mask=nmask)
+
+
+@triton.jit
 def _qgemm_kernel(x_ptr, w_ptr, out_ptr, M, N, sx_t, sw_n, so_t, n_steps,
                   QT: tl.constexpr, STEP_B: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, FP32: tl.constexpr):
@@ -217,17 +237,18 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, T, sx_t, sw_n, so_t,
 
 
 def _gemv_config(T, N, K, device, dtype):
-    """Keep about INFLIGHT_BYTES of weights in flight: N * BLOCK_K * elem bytes per K step."""
     bt = next_pow2(T)
-    esize = 2 if dtype == torch.float16 else 4
-    block_k = next_pow2(max(1, INFLIGHT_BYTES // (N * esize)))
-    block_k = max(min(256, next_pow2(K)), min(2048, block_k, next_pow2(K)))
-    use_dot = (device.type == "cuda" and not is_rocm() and bt > 8 and dtype == torch.float16)
-    if use_dot:
-        return dict(BLOCK_T=max(16, bt), BLOCK_N=16, BLOCK_K=min(block_k, 512), USE_DOT=True,
-                    num_warps=4)
+    use_dot = (device.type == "cuda" and not is_rocm() and bt > 4 and dtype == torch.float16)
+    if use_dot:  # H200: 91% of copy bandwidth at 12288x4096, T=8 (docs/PERF.md)
+        return dict(BLOCK_T=max(16, bt), BLOCK_N=32, BLOCK_K=128, USE_DOT=True, num_warps=4)
+    if bt == 1:
+        # keep about INFLIGHT_BYTES of weights in flight: N * BLOCK_K * elem bytes per K step
+        esize = 2 if dtype == torch.float16 else 4
+        block_k = next_pow2(max(1, INFLIGHT_BYTES // (N * esize)))
+        block_k = max(min(256, next_pow2(K)), min(2048, block_k, next_pow2(K)))
+    else:
+        block_k = 128 if bt <= 2 else 64
     # broadcast path: BLOCK_T * BLOCK_N * BLOCK_K fp32 partial sums in registers
-    block_k = min(block_k, max(64, 4096 // bt))
     block_n = max(1, min(16, 4096 // (bt * block_k)))
     return dict(BLOCK_T=bt, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=False, num_warps=4)
 
@@ -260,6 +281,14 @@ def quant_matmul(x, qweight, **cfg):
     if T == 0:
         return out
     n_steps = K // 256
+    if T == 1 and qweight.qtype != "Q4_0" and not cfg.get("UNROLL"):
+        # H200 sweep (docs/PERF.md): 16 rows, 8 warps best for Q8_0 / Q4_K / Q5_K, close for Q6_K
+        block_n = cfg.pop("BLOCK_N", 16)
+        warps = cfg.pop("num_warps", 8)
+        _qgemv_row_kernel[(triton.cdiv(N, block_n),)](
+            x, data, out, N, data.stride(0), n_steps, QT=qt, STEP_B=STEP_BYTES[qweight.qtype],
+            BLOCK_N=block_n, num_warps=warps)
+        return out
     if T <= 16:
         bt = next_pow2(T)
         block_n = cfg.pop("BLOCK_N", max(1, min(4, 32 // bt)))
