@@ -31,6 +31,7 @@ from g906.engine.vision.config import VisionConfig
 from g906.errors import G906Error
 
 Grid = tuple[int, int, int]
+_SCORE_BUDGET = 512 * 1024 * 1024   # bytes of attention scores computed at once
 
 
 def _act(name: str):
@@ -71,9 +72,12 @@ class VisionBlock(nn.Module):
         start = 0
         for length in segments:  # attention never crosses frames / images
             sl = slice(start, start + length)
-            o = F.scaled_dot_product_attention(
-                q[sl].transpose(0, 1)[None], k[sl].transpose(0, 1)[None], v[sl].transpose(0, 1)[None]
-            )
+            qs, ks, vs = (t[sl].transpose(0, 1)[None] for t in (q, k, v))
+            # bound the score matrix of big images (the math SDPA path materialises it)
+            step = max(1, min(heads, _SCORE_BUDGET // max(1, length * length * x.element_size())))
+            o = torch.cat([F.scaled_dot_product_attention(qs[:, i:i + step], ks[:, i:i + step], vs[:, i:i + step])
+                           for i in range(0, heads, step)], dim=1) if step < heads else \
+                F.scaled_dot_product_attention(qs, ks, vs)
             outs.append(o[0].transpose(0, 1))
             start += length
         o = torch.cat(outs, 0) if len(outs) > 1 else outs[0]

@@ -1,0 +1,68 @@
+"""The few lines other engine modules call (kept here so their edits stay one-liners).
+
+    x, rotary = multimodal_step(x, ctx, config, rotary)     # the text model, per forward
+    chat_image_urls(part, where)                            # the server, per content part
+    ids, mm = await prepare_chat_images(vision, ids, urls)  # the server, per chat request
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Sequence
+
+from g906.engine.vision.image import ImageError
+
+IMAGE_PART_TYPES = ("image_url", "image", "input_image")
+
+
+def multimodal_step(x, ctx, config, rotary):
+    """Write the step's image embeddings over the image-pad token embeddings (ctx.mm_embeds =
+    (flat indices, embeddings)) and switch to this step's M-RoPE table when ctx.mrope_positions
+    ([3, T]) is set. Returns (embeddings, rotary to use)."""
+    inject = getattr(ctx, "mm_embeds", None)
+    if inject is not None:
+        index, embeds = inject
+        x = x.index_copy(0, index, embeds.to(x.dtype))
+    if getattr(ctx, "mrope_positions", None) is not None:
+        from g906.engine.layers import ops
+        from g906.engine.vision.mrope import step_rotary
+
+        rotary = step_rotary(config, ctx.mrope_positions, ops.rotary_)
+    return x, rotary
+
+
+def image_part_url(part: dict, where: str) -> str:
+    """The URL of an OpenAI image content part: {"type": "image_url", "image_url": {"url": ...}}
+    (a bare string is accepted too), {"type": "image", "image": url} or
+    {"type": "input_image", "image_url": url}."""
+    kind = part.get("type")
+    value = part.get("image_url") if kind in ("image_url", "input_image") else part.get("image")
+    if isinstance(value, dict):
+        detail = value.get("detail")
+        if detail is not None and detail not in ("auto", "low", "high"):
+            raise ImageError(f"{where}.image_url.detail: must be auto, low or high")
+        value = value.get("url")
+    if not isinstance(value, str) or not value.strip():
+        field = "image_url.url" if kind != "image" else "image"
+        raise ImageError(f"{where}.{field}: an image content part needs a URL string "
+                         "(a data: URL with base64, or an http(s) URL)")
+    return value
+
+
+def placeholder_text(vision) -> str:
+    """The text one image becomes in the prompt: vision_start, one image_pad, vision_end."""
+    from g906.engine.vision.runtime import IMAGE_PAD, VISION_END, VISION_START
+
+    return VISION_START + IMAGE_PAD + VISION_END
+
+
+async def prepare_chat_images(vision, ids: list[int], urls: Sequence[str]) -> tuple[list[int], Any]:
+    """Fetch/decode/check/resize a chat request's images (in a worker thread) and expand the
+    prompt's placeholders. Raises ImageError (HTTP 400) for a text-only model, too many
+    images, or a bad image."""
+    if vision is None:
+        raise ImageError("this model does not take images (text only)",
+                         hint="serve a multimodal model with multimodal.image set in the recipe")
+    vision.check_count(len(urls))
+    prepared = await asyncio.to_thread(vision.prepare_images, list(urls))
+    return vision.expand(ids, prepared)
