@@ -182,3 +182,72 @@ def load_vision(source: str | Path, *, mmproj: str | Path | None = None, text_co
     info = {"vision_weight_bytes": nbytes, "vision_load_seconds": round(time.perf_counter() - t0, 3)}
     log.info("vision tower loaded from %s: %d blocks, %.1f MiB", desc, vc.depth, nbytes / 2**20)
     return VisionRuntime(tower, tok, source=desc, info=info)
+
+
+# -------------------------------------------------------------------------------------------
+# g906 up
+
+
+def load_vision_for_plan(plan, loaded) -> VisionRuntime | None:
+    """The vision runtime a Plan asks for (None when images are off), limits configured from
+    the recipe's multimodal.image."""
+    if not plan.images_enabled:
+        return None
+    lim = plan.mm_limits["image"]
+    source = plan.model_source if plan.model_format == "builtin" else str(plan.model_path)
+    mmproj = plan.mmproj_path if plan.model_format == "gguf" else None
+    if plan.model_format == "gguf" and mmproj is None:
+        raise G906Error(f"{source}: images are on but no vision projector (mmproj) was found for it",
+                        hint="put the mmproj-*.gguf beside the model or name it in model.mmproj")
+    model = loaded.model
+    vision = load_vision(source, mmproj=mmproj, text_config=loaded.config, tokenizer=loaded.tokenizer,
+                         dtype=model.dtype, device=model.device, required=True)
+    from g906.engine.vision.image import allowed_local_dirs_from_env
+
+    vision.configure_limits(count=lim.count, width=lim.width, height=lim.height,
+                            allowed_local_dirs=allowed_local_dirs_from_env())
+    return vision
+
+
+def profile_size(vision: VisionRuntime) -> tuple[int, int]:
+    """The largest image a request may send: the recipe's width x height, else the square the
+    processor's max_pixels allows."""
+    lim = vision.limits
+    if lim.max_width and lim.max_height:
+        return lim.max_width, lim.max_height
+    side = int(vision.config.max_pixels ** 0.5)
+    w = lim.max_width or side
+    h = lim.max_height or side
+    return w, h
+
+
+class reserve_vision_memory:
+    """with reserve_vision_memory(vision): engine = LLMEngine(...)
+
+    On a GPU: runs the tower on `count` images of the largest allowed size and holds a buffer of
+    its activation peak while the engine profiles and sizes its KV cache (so the cache leaves
+    that room free), then releases it. Nothing on the CPU."""
+
+    def __init__(self, vision: VisionRuntime | None):
+        self.vision = vision
+        self.peak = 0
+        self._hold = None
+
+    def __enter__(self) -> "reserve_vision_memory":
+        v = self.vision
+        if v is None or v.tower.device.type != "cuda":
+            return self
+        w, h = profile_size(v)
+        count = v.max_images or 1
+        t0 = time.perf_counter()
+        self.peak = v.profile(w, h, count)
+        v.info.update({"vision_profile": {"width": w, "height": h, "count": count, "peak_bytes": self.peak,
+                                          "seconds": round(time.perf_counter() - t0, 3)}})
+        self._hold = torch.empty(self.peak, dtype=torch.uint8, device=v.tower.device)
+        log.info("vision: %d image(s) of %dx%d peak at %.1f MiB, kept free for them", count, w, h, self.peak / 2**20)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hold = None
+        if self.vision is not None and self.vision.tower.device.type == "cuda":
+            torch.cuda.empty_cache()
