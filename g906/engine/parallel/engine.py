@@ -160,6 +160,8 @@ class TPGroup:
         err = w.last("error")
         how = (f"exited with status {code}" if code >= 0 else f"was killed by {_signame(-code)}")
         msg = f"tensor-parallel worker rank {w.rank} (pid {w.proc.pid}) {how}"
+        if self.busy is not None:
+            msg += f" during {self.busy}"
         if err is not None:
             msg += f": {err.get('message')}"
         self._fail(msg)

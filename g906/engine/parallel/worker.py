@@ -129,4 +129,7 @@ def _misbehave(kind: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)     # not sys.exit: the parent-watch thread is blocked reading stdin

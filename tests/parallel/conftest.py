@@ -1,0 +1,42 @@
+"""Tensor-parallel fixtures: one tiny random Qwen3.5 (transformers, fp32) saved as an HF
+directory and converted to GGUF F32 and Q8_0 the way llama.cpp's converter does (tiled V heads).
+
+The tiny model is tests/engine's with linear_value_head_dim = 32, so that a rank's share of
+out_proj's input features (whole value heads) falls on whole Q8_0 blocks (32 values)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.engine.conftest import build_tiny_qwen35
+
+TINY_OVERRIDES = dict(linear_value_head_dim=32)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: one intra-op thread per process (the workers copy rank 0's count)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def tp_hf_model():
+    return build_tiny_qwen35(seed=3, **TINY_OVERRIDES)
+
+
+@pytest.fixture(scope="session")
+def tp_sources(tp_hf_model, tmp_path_factory):
+    """{"hf": dir, "gguf-f32": file, "gguf-q8_0": file} of the same weights."""
+    from tests.engine.gguf_writer import write_gguf
+
+    d = tmp_path_factory.mktemp("tp-models")
+    tp_hf_model.save_pretrained(d / "hf")
+    return {
+        "hf": str(d / "hf"),
+        "gguf-f32": str(write_gguf(tp_hf_model, d / "tiny-F32.gguf", qtype="F32")[0]),
+        "gguf-q8_0": str(write_gguf(tp_hf_model, d / "tiny-Q8_0.gguf", qtype="Q8_0", strict=True)[0]),
+    }
