@@ -1,0 +1,10 @@
+"""Benchmarks of the engine and of any OpenAI-compatible server (`g906 bench`).
+
+    synthetic.py   random-weight models of the real Qwen3.5 shapes, built on the device
+    bandwidth.py   copy bandwidth of the device (the batch-1 decode limit)
+    metrics.py     workloads (lengths, rate, concurrency) and the figures of a run
+    offline.py     the engine in-process, step by step
+    online.py      streamed /v1/completions against a running server
+    report.py      rich and Markdown tables
+
+No torch at import time (the CLI imports this package lazily anyway)."""

@@ -1,0 +1,135 @@
+"""`g906 bench`: throughput and latency of the embedded engine (offline) or of any
+OpenAI-compatible server (online, --url).
+
+    g906 bench --model builtin:tiny-qwen35 --num-requests 8 --prompt-len 64 --output-len 32
+    g906 bench --shape qwen3.5-9b --quant q4_k --concurrency 1 --prompt-len 512 --output-len 128
+    g906 bench --recipe recipes/qwen3.5-9b-f16.toml --concurrency 64
+    g906 bench --url http://127.0.0.1:8000 --concurrency 16 --request-rate 4
+
+No torch at import time."""
+
+from __future__ import annotations
+
+import math
+
+import typer
+
+from g906.cli.output import console, err_console, print_json
+from g906.errors import UsageError
+
+
+def _progress(enabled: bool, total: int, label: str):
+    if not enabled:
+        return None, None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    prog = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=err_console, transient=True)
+    task = prog.add_task(label, total=total)
+    return prog, (lambda done, tot: prog.update(task, completed=done))
+
+
+def run_bench(*, model, recipe, shape, quant, overrides, url, served_model, api_key, prompt_mode, vocab,
+              num_requests, prompt_len, output_len, concurrency, request_rate, ignore_eos, temperature, seed,
+              dtype, device, enforce_eager, max_num_seqs, max_model_len, max_num_batched_tokens,
+              gpu_memory_utilization, num_kv_blocks, as_json, no_progress, measure_bandwidth) -> int:
+    from g906.bench.metrics import LengthSpec, Workload
+
+    wl = Workload(num_requests=num_requests, prompt_len=LengthSpec.parse(prompt_len, "--prompt-len"),
+                  output_len=LengthSpec.parse(output_len, "--output-len"), concurrency=concurrency,
+                  request_rate=request_rate, ignore_eos=ignore_eos, temperature=temperature, seed=seed)
+    if url:
+        if model or recipe or shape:
+            raise UsageError("--url benchmarks a running server: leave out --model, --recipe and --shape")
+        from g906.bench.online import run_online
+
+        prog, cb = _progress(not as_json and not no_progress, wl.num_requests, "requests")
+        if prog:
+            prog.start()
+        try:
+            res = run_online(url, wl, model=served_model, api_key=api_key, prompt_mode=prompt_mode,
+                             vocab=vocab, on_progress=cb)
+        finally:
+            if prog:
+                prog.stop()
+        res.update(mode="online", target=url, workload=wl.describe())
+    else:
+        from g906.bench.offline import bandwidth_figures, make_engine, open_model, run_offline
+        from g906.bench.synthetic import parse_overrides
+
+        if not as_json:
+            err_console.print("[dim]loading the model...[/]")
+        loaded, plan = open_model(model=model, recipe=recipe, shape=shape, quant=quant, dtype=dtype,
+                                  device=device, overrides=parse_overrides(overrides), seed=seed,
+                                  progress=not as_json and not no_progress)
+        engine = make_engine(loaded, wl, plan=plan, enforce_eager=enforce_eager, max_num_seqs=max_num_seqs,
+                             max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
+                             gpu_memory_utilization=gpu_memory_utilization, num_kv_blocks=num_kv_blocks)
+        bandwidth = None
+        if measure_bandwidth:
+            from g906.bench.bandwidth import measure_copy_bandwidth
+
+            bandwidth = measure_copy_bandwidth(loaded.info.get("device", "cpu"))
+        prog, cb = _progress(not as_json and not no_progress, wl.num_requests, "requests")
+        if prog:
+            prog.start()
+        try:
+            res = run_offline(engine, wl, on_progress=cb)
+        finally:
+            if prog:
+                prog.stop()
+        res.update(mode="offline", target=loaded.info.get("source"), workload=wl.describe(),
+                   model={k: v for k, v in loaded.info.items() if k not in ("note",)})
+        res["bandwidth"] = bandwidth_figures(res, loaded, wl, bandwidth)
+    if as_json:
+        print_json(res)
+    else:
+        from g906.bench.report import print_result
+
+        print_result(res, console)
+    return 0
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("bench")
+    def bench(
+        model: str | None = typer.Option(None, "--model", "-m", help="Offline: a GGUF file, an HF directory or builtin:NAME."),
+        recipe: str | None = typer.Option(None, "--recipe", help="Offline: the model and limits of a recipe file."),
+        shape: str | None = typer.Option(None, "--shape", help="Offline: random weights of a real shape (qwen3.5-0.8b, -2b, -4b, -9b, -27b)."),
+        quant: str = typer.Option("f16", "--quant", help="With --shape: f16, bf16, f32, q8_0 or q4_k (llama.cpp's Q4_K_M mix)."),
+        overrides: list[str] = typer.Option(None, "--shape-override", help="With --shape: KEY=VALUE config changes (repeatable), e.g. num_hidden_layers=4."),
+        url: str | None = typer.Option(None, "--url", help="Online: base URL of an OpenAI-compatible server (g906, vLLM, llama-server)."),
+        served_model: str | None = typer.Option(None, "--served-model", help="Online: the model name to send (default: the first of /v1/models)."),
+        api_key: str | None = typer.Option(None, "--api-key", envvar="G906_BENCH_API_KEY", help="Online: bearer token."),
+        prompt_mode: str = typer.Option("ids", "--prompt-mode", help="Online: send prompts as token ids (ids) or words (text)."),
+        vocab: int = typer.Option(1000, "--vocab", min=2, help="Online: random prompt ids are below this."),
+        num_requests: int = typer.Option(16, "--num-requests", "-n", min=1, help="Requests to run."),
+        prompt_len: str = typer.Option("128", "--prompt-len", help="Prompt tokens: N, or LOW:HIGH (uniform)."),
+        output_len: str = typer.Option("128", "--output-len", help="Output tokens: N, or LOW:HIGH (uniform)."),
+        concurrency: int | None = typer.Option(None, "--concurrency", "-c", min=1, help="Most requests in flight (default: all)."),
+        request_rate: float = typer.Option(math.inf, "--request-rate", help="Poisson arrivals per second (default: inf, all at once)."),
+        ignore_eos: bool = typer.Option(True, "--ignore-eos/--no-ignore-eos", help="Generate the full output length."),
+        temperature: float = typer.Option(0.0, "--temperature", min=0.0),
+        seed: int = typer.Option(0, "--seed", help="Seeds the workload (and the synthetic weights' offset)."),
+        dtype: str = typer.Option("auto", "--dtype", help="Offline compute dtype."),
+        device: str | None = typer.Option(None, "--device", help="Offline device: cpu, cuda, cuda:1 ..."),
+        enforce_eager: bool = typer.Option(False, "--enforce-eager", help="Offline: no decode graphs."),
+        max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", min=1),
+        max_model_len: int | None = typer.Option(None, "--max-model-len", min=16),
+        max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens", min=16),
+        gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", min=0.05, max=0.99),
+        num_kv_blocks: int | None = typer.Option(None, "--num-kv-blocks", min=1),
+        measure_bandwidth: bool = typer.Option(True, "--bandwidth/--no-bandwidth", help="Offline: measure copy bandwidth for the % of limit."),
+        no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
+        as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    ) -> None:
+        """Benchmark the engine offline (in-process) or a running server (--url)."""
+        raise typer.Exit(run_bench(
+            model=model, recipe=recipe, shape=shape, quant=quant, overrides=overrides, url=url,
+            served_model=served_model, api_key=api_key, prompt_mode=prompt_mode, vocab=vocab,
+            num_requests=num_requests, prompt_len=prompt_len, output_len=output_len, concurrency=concurrency,
+            request_rate=request_rate, ignore_eos=ignore_eos, temperature=temperature, seed=seed, dtype=dtype,
+            device=device, enforce_eager=enforce_eager, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+            max_num_batched_tokens=max_num_batched_tokens, gpu_memory_utilization=gpu_memory_utilization,
+            num_kv_blocks=num_kv_blocks, as_json=as_json, no_progress=no_progress,
+            measure_bandwidth=measure_bandwidth))
