@@ -1,0 +1,196 @@
+"""Load-time repacking of GGUF quantized weights into an aligned, GPU-friendly layout.
+
+GGUF blocks are 18/34/144/176/210 bytes long, so a kernel reading them directly gathers
+byte by byte. `prepare(qt)` rewrites a QuantizedTensor once (on its device, with torch ops)
+into a `PackedQuant`: a few row-major planes, every plane [rows, ...] contiguous, so a kernel
+reads each row with 16-byte vector loads and decodes whole 32-bit words.
+
+Element order is the natural one everywhere: the quant of element e of a row sits in word
+e // E, field e % E (E = 4 for 8-bit quants, 8 for 4-bit; field j = bits [b*j, b*(j+1))).
+
+| type | planes (per row of K elements) | bytes / GGUF bytes |
+| --- | --- | --- |
+| Q8_0 | qs int8 [K]; d fp16 [K/32] | 1.000 |
+| Q4_0 | qs nibbles [K/2] (value q - 8); d fp16 [K/32] | 1.000 |
+| Q4_K | qs nibbles [K/2]; dm int32 [K/256] (fp16 d, fp16 dmin); scm uint16 [K/32] (6-bit scale \| min << 8) | 148/144 = 1.028 |
+| Q5_K | qs low nibbles [K/2]; qh uint8 [K/8] (bit j = 5th bit of element 8w+j); dm, scm as Q4_K | 180/176 = 1.023 |
+| Q6_K | qs low nibbles [K/2]; qh int16 [K/8] (bits 2j..2j+1 = high 2 bits of element 8w+j); sc int8 [K/16]; d fp16 [K/256] | 210/210 = 1.000 |
+
+All scales stay exact (GGUF's fp16 d/dmin and integer sub-block scales; products are formed in
+fp32 in the kernel), so the packed weight dequantizes bit-for-bit like the GGUF blocks.
+Rows stack (`cat_rows`) and select (`select_rows`) plane by plane, as QuantizedTensor's do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .reference import BLOCKS, _f16, _k_scales
+
+PACKED_TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K")
+
+
+@dataclass
+class PackedQuant:
+    """A GGUF weight repacked for the GPU kernels (see the module docstring)."""
+
+    qtype: str
+    shape: tuple[int, int]
+    planes: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def data(self) -> torch.Tensor:  # the first plane: device / dtype probes (registry)
+        return self.planes["qs"]
+
+    @property
+    def device(self) -> torch.device:
+        return self.planes["qs"].device
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.planes.values())
+
+    def to(self, device) -> "PackedQuant":
+        return PackedQuant(self.qtype, self.shape, {k: v.to(device) for k, v in self.planes.items()})
+
+    def select_rows(self, index: torch.Tensor) -> "PackedQuant":
+        index = index.to(self.device)
+        return PackedQuant(self.qtype, (int(index.numel()), self.shape[1]),
+                           {k: v.index_select(0, index) for k, v in self.planes.items()})
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 [rows, K] (torch; the reference path for packed weights)."""
+        return dequantize_packed(self)
+
+
+def cat_rows(ws: list[PackedQuant]) -> PackedQuant:
+    """Stack the rows of packed weights of one qtype and K (fused projections)."""
+    q0 = ws[0]
+    assert all(w.qtype == q0.qtype and w.shape[1] == q0.shape[1] for w in ws)
+    planes = {k: torch.cat([w.planes[k] for w in ws], 0) for k in q0.planes}
+    return PackedQuant(q0.qtype, (sum(w.shape[0] for w in ws), q0.shape[1]), planes)
+
+
+def can_pack(qt) -> bool:
+    return qt.qtype in PACKED_TYPES and qt.shape[1] % 256 == 0 and qt.data.dim() == 2
+
+
+def _nibbles(q: torch.Tensor) -> torch.Tensor:
+    """uint8-valued ints [n, m] (0..15, natural order) -> uint8 [n, m/2] (even elements low)."""
+    q = q.to(torch.uint8)
+    return q[:, 0::2] | (q[:, 1::2] << 4)
+
+
+def _pairs_to(q: torch.Tensor, bits: int, dtype) -> torch.Tensor:
+    """ints [n, m] of `bits` bits -> [n, m/8] words of 8*bits bits (field j = element 8w+j)."""
+    n, m = q.shape
+    q = q.to(torch.int32).view(n, m // 8, 8)
+    sh = torch.arange(8, device=q.device, dtype=torch.int32) * bits
+    w = (q << sh).sum(-1)          # disjoint fields: sum == or
+    if dtype == torch.int16:
+        w = torch.where(w >= 1 << 15, w - (1 << 16), w)
+    return w.to(dtype)
+
+
+@torch.no_grad()
+def pack(raw: torch.Tensor, qtype: str, shape) -> PackedQuant:
+    """raw GGUF blocks uint8 [rows, row_bytes] -> PackedQuant, on raw's device."""
+    rows, K = int(shape[0]), int(shape[1])
+    be, bb = BLOCKS[qtype]
+    blocks = raw.reshape(-1, bb)
+    nb = blocks.shape[0]
+    if qtype == "Q8_0":
+        d = blocks[:, 0:2].contiguous().view(torch.float16).reshape(rows, K // 32)
+        qs = blocks[:, 2:34].contiguous().view(torch.int8).reshape(rows, K)
+        return PackedQuant(qtype, (rows, K), {"qs": qs, "d": d.contiguous()})
+    if qtype == "Q4_0":
+        d = blocks[:, 0:2].contiguous().view(torch.float16).reshape(rows, K // 32)
+        b = blocks[:, 2:18].to(torch.int32)
+        q = torch.cat([b & 15, b >> 4], 1)                                  # [nb, 32] natural
+        qs = _nibbles(q).reshape(rows, K // 2)
+        return PackedQuant(qtype, (rows, K), {"qs": qs.contiguous(), "d": d.contiguous()})
+    if qtype in ("Q4_K", "Q5_K"):
+        dm = blocks[:, 0:4].contiguous().view(torch.int32).reshape(rows, K // 256)
+        sc, m = _k_scales(blocks[:, 4:16])                                  # [nb, 8] float
+        scm = (sc.to(torch.int32) | (m.to(torch.int32) << 8)).to(torch.int16)  # < 2^14: fits
+        qoff = 16 if qtype == "Q4_K" else 48
+        b = blocks[:, qoff:qoff + 128].to(torch.int32).view(nb, 4, 32)
+        q = torch.stack([b & 15, b >> 4], 2).reshape(nb, 256)              # sub-block 2g+hi
+        planes = {"qs": _nibbles(q).reshape(rows, K // 2).contiguous(), "dm": dm.contiguous(),
+                  "scm": scm.reshape(rows, K // 32).contiguous()}
+        if qtype == "Q5_K":
+            qh = blocks[:, 16:48].to(torch.int32)                           # [nb, 32]
+            hb = torch.stack([(qh >> j) & 1 for j in range(8)], 1).reshape(nb, 256)
+            planes["qh"] = _pairs_to(hb, 1, torch.uint8).reshape(rows, K // 8).contiguous()
+        return PackedQuant(qtype, (rows, K), planes)
+    if qtype == "Q6_K":
+        ql = blocks[:, 0:128].to(torch.int32).view(nb, 2, 64)
+        qh = blocks[:, 128:192].to(torch.int32).view(nb, 2, 32)
+        lo_parts, hi_parts = [], []
+        for qq in range(4):                         # element 128h + 32qq + l
+            lo_parts.append((ql[:, :, 32 * (qq & 1):32 * (qq & 1) + 32] >> (4 * (qq >> 1))) & 15)
+            hi_parts.append((qh >> (2 * qq)) & 3)
+        lo = torch.stack(lo_parts, 2).reshape(nb, 256)
+        hi = torch.stack(hi_parts, 2).reshape(nb, 256)
+        sc = blocks[:, 192:208].contiguous().view(torch.int8).reshape(rows, K // 16)
+        d = blocks[:, 208:210].contiguous().view(torch.float16).reshape(rows, K // 256)
+        return PackedQuant(qtype, (rows, K), {
+            "qs": _nibbles(lo).reshape(rows, K // 2).contiguous(),
+            "qh": _pairs_to(hi, 2, torch.int16).reshape(rows, K // 8).contiguous(),
+            "sc": sc.contiguous(), "d": d.contiguous()})
+    raise ValueError(f"no packed layout for {qtype}")
+
+
+def prepare(qt):
+    """QuantizedTensor on a GPU -> PackedQuant (once, at load time); anything else as is."""
+    if isinstance(qt, PackedQuant) or not hasattr(qt, "qtype"):
+        return qt
+    if qt.data.device.type == "cpu" or not can_pack(qt):
+        return qt
+    return pack(qt.data, qt.qtype, qt.shape)
+
+
+# ------------------------------------------------------------------ torch decode (reference)
+
+def _unnib(qs: torch.Tensor) -> torch.Tensor:
+    q = qs.view(torch.uint8).to(torch.int32)
+    return torch.stack([q & 15, q >> 4], -1).reshape(q.shape[0], -1)
+
+
+def _unfields(w: torch.Tensor, bits: int) -> torch.Tensor:
+    n = w.shape[0]
+    w = w.to(torch.int32) & ((1 << (8 * bits)) - 1)
+    sh = torch.arange(8, device=w.device, dtype=torch.int32) * bits
+    return ((w[:, :, None] >> sh) & ((1 << bits) - 1)).reshape(n, -1)
+
+
+def dequantize_packed(p: PackedQuant) -> torch.Tensor:
+    rows, K = p.shape
+    P = p.planes
+    if p.qtype == "Q8_0":
+        d = P["d"].float().repeat_interleave(32, 1)
+        return P["qs"].float() * d
+    if p.qtype == "Q4_0":
+        d = P["d"].float().repeat_interleave(32, 1)
+        return (_unnib(P["qs"]).float() - 8.0) * d
+    if p.qtype in ("Q4_K", "Q5_K"):
+        dm = P["dm"].contiguous().view(torch.float16).float().view(rows, K // 256, 2)
+        d = dm[..., 0].repeat_interleave(8, 1)
+        dmin = dm[..., 1].repeat_interleave(8, 1)
+        scm = P["scm"].to(torch.int32)
+        sc = (scm & 255).float()
+        m = (scm >> 8).float()
+        q = _unnib(P["qs"])
+        if p.qtype == "Q5_K":
+            q = q + 16 * _unfields(P["qh"], 1)
+        q = q.float().view(rows, K // 32, 32)
+        y = (d * sc)[..., None] * q - (dmin * m)[..., None]
+        return y.reshape(rows, K)
+    if p.qtype == "Q6_K":
+        q = (_unnib(P["qs"]) + 16 * _unfields(P["qh"], 2)).float() - 32.0
+        d = P["d"].float().repeat_interleave(16, 1)
+        s = (d * P["sc"].float()).repeat_interleave(16, 1)
+        return q * s
+    raise ValueError(p.qtype)
