@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_util import is_rocm, next_pow2, empty
+from .._triton_util import empty, is_rocm, next_pow2, num_sms
 
 QTYPES = {"Q8_0": 0, "Q4_0": 1, "Q4_K": 2, "Q5_K": 3, "Q6_K": 4}
 # bytes of one 256-element step for each type
@@ -317,8 +317,237 @@ def quant_matmul(x, qweight, **cfg):
 
 
 def linear(x, weight, **cfg):
+    if getattr(weight, "planes", None) is not None:  # PackedQuant (repack.prepare)
+        return packed_matmul(x, weight, **cfg)
     if isinstance(weight, torch.Tensor):
         if x.shape[0] > 16:  # prefill: the vendor GEMM (rocBLAS / cuBLAS) is the right tool
             return x @ weight.t()
         return dense_gemv(x, weight, **cfg)
     return quant_matmul(x, weight, **cfg)
+
+
+# ----------------------------------------------------------------------------------------
+# Kernels over repacked weights (kernels/linear/repack.py: PackedQuant).
+#
+# A row is read as "vectors" of VW 32-bit words (16 bytes for 4-/8-bit quants, 8 for Q6_K)
+# holding EV = VW * E consecutive elements (E = fields per word), one scale group per vector
+# (Q8_0: half a block). Each field becomes a float in [1, 2) by placing its bits in the
+# mantissa (f = 1 + q / 2^bits: one shift and one and/or per element, no int->float
+# conversion); the per-vector sums S = sum(f * x) and X = sum(x) then give the exact dot
+# product with the dequantized weights as A * S + B * X, with A and B per (row, vector)
+# from the type's scales (formed in fp32, exact). No per-element scale multiply.
+# ----------------------------------------------------------------------------------------
+
+PQ_QTYPES = {"Q8_0": 0, "Q4_0": 1, "Q4_K": 2, "Q5_K": 3, "Q6_K": 4}
+PQ_VW = {"Q8_0": 4, "Q4_0": 4, "Q4_K": 4, "Q5_K": 4, "Q6_K": 2}     # words per vector
+PQ_E = {"Q8_0": 4, "Q4_0": 8, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8}      # elements per word
+
+
+@triton.jit
+def _pq_fields(qs_ptr, qh_ptr, n3, sq, sh, k0, v3, w3,
+               QT: tl.constexpr, VW: tl.constexpr, E: tl.constexpr):
+    """[BN, H, VW, E] fp32 in [1, 2): the mantissa-placed quants of H vectors per row."""
+    words = tl.load(qs_ptr + n3 * sq + (k0 // E + v3 * VW + w3))          # [BN, H, VW] int32
+    jj = tl.arange(0, E)[None, None, None, :]
+    w4 = words[:, :, :, None]
+    if QT == 0:  # int8: flip the sign bit (q + 128), 8 bits under the exponent
+        b = ((w4 >> (8 * jj)) & 255) ^ 128
+        f = ((b << 15) | 0x3F800000).to(tl.float32, bitcast=True)       # 1 + (q + 128) / 256
+    else:
+        nib = (w4 >> (4 * jj)) & 15
+        f = ((nib << 19) | 0x3F800000).to(tl.float32, bitcast=True)      # 1 + q_lo / 16
+        if QT == 3:  # Q5_K: one high bit per element, a byte per word
+            hb = tl.load(qh_ptr + n3 * sh + (k0 // 8 + v3 * VW + w3)).to(tl.int32)
+            hf = ((((hb[:, :, :, None] >> jj) & 1) << 22) | 0x3F800000).to(tl.float32,
+                                                                            bitcast=True)
+            f = f + 2.0 * hf                                               # 1 + q_hi / 2
+        if QT == 4:  # Q6_K: two high bits per element, 16 bits per word
+            hh = tl.load(qh_ptr + n3 * sh + (k0 // 8 + v3 * VW + w3)).to(tl.int32)
+            hf = ((((hh[:, :, :, None] >> (2 * jj)) & 3) << 21) | 0x3F800000).to(tl.float32,
+                                                                                 bitcast=True)
+            f = f + 4.0 * hf                                               # 1 + q_hi / 4
+    return f
+
+
+@triton.jit
+def _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT: tl.constexpr):
+    """(A, B) fp32 [BN, H]: dot(w, x) over vector v = A * sum(f * x) + B * sum(x)."""
+    if QT == 0:    # q = 256 f - 384
+        d = tl.load(a_ptr + n2 * sa + (k0 // 32 + v2 // 2)).to(tl.float32)
+        A = 256.0 * d
+        B = -384.0 * d
+    elif QT == 1:  # q - 8 = 16 f - 24
+        d = tl.load(a_ptr + n2 * sa + (k0 // 32 + v2)).to(tl.float32)
+        A = 16.0 * d
+        B = -24.0 * d
+    elif QT == 2 or QT == 3:  # d*sc*q - dmin*m; Q4_K q = 16 f - 16, Q5_K q = 16 f - 48
+        dm = tl.load(a_ptr + n2 * sa + (k0 + v2 * 32) // 256)
+        d = (dm & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        dmin = ((dm >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        scm = tl.load(b_ptr + n2 * sb + (k0 // 32 + v2)).to(tl.int32)
+        ds = d * (scm & 255).to(tl.float32)
+        A = 16.0 * ds
+        if QT == 2:
+            B = -16.0 * ds - dmin * (scm >> 8).to(tl.float32)
+        else:
+            B = -48.0 * ds - dmin * (scm >> 8).to(tl.float32)
+    else:          # Q6_K: q - 32 = 16 f - 112
+        sc = tl.load(a_ptr + n2 * sa + (k0 // 16 + v2)).to(tl.float32)
+        d = tl.load(b_ptr + n2 * sb + (k0 + v2 * 16) // 256).to(tl.float32)
+        ds = d * sc
+        A = 16.0 * ds
+        B = -112.0 * ds
+    return A, B
+
+
+@triton.jit
+def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, sx, sq, sh, sa, sb,
+                    so, so_split, k_len,
+                    QT: tl.constexpr, VW: tl.constexpr, E: tl.constexpr, H: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
+    """out[t, n] (or a split-K partial) = sum over this program's K range of x[t] . w[n]."""
+    EV: tl.constexpr = VW * E
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    nn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = nn < N
+    nc = tl.where(nmask, nn, 0).to(tl.int64)          # clamp: rows past N read row 0
+    n3 = nc[:, None, None]
+    n2 = nc[:, None]
+    v = tl.arange(0, H)
+    v3 = v[None, :, None]
+    v2 = v[None, :]
+    w3 = tl.arange(0, VW)[None, None, :]
+    tt = tl.arange(0, BLOCK_T)
+    t5 = tt[:, None, None, None, None]
+    xoff = (v[None, None, :, None, None] * EV + tl.arange(0, VW)[None, None, None, :, None] * E
+            + tl.arange(0, E)[None, None, None, None, :])                  # [1, 1, H, VW, E]
+    xrow = x_ptr + t5.to(tl.int64) * sx
+    tm = t5 < T
+    acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
+    kbeg = pid_k * k_len
+    for k0 in range(kbeg, kbeg + k_len, H * EV):
+        f = _pq_fields(qs_ptr, qh_ptr, n3, sq, sh, k0, v3, w3, QT, VW, E)
+        xv = tl.load(xrow + k0 + xoff, mask=tm, other=0.0).to(tl.float32)  # [BT, 1, H, VW, E]
+        S = tl.sum(tl.sum(f[None] * xv, axis=4), axis=3)                   # [BT, BN, H]
+        X = tl.sum(tl.sum(xv, axis=4), axis=3)                             # [BT, 1, H]
+        A, B = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT)
+        acc += tl.sum(A[None] * S + B[None] * X, axis=2)
+    optr = out_ptr + pid_k * so_split + tt[:, None] * so + nn[None, :]
+    tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=(tt[:, None] < T) & nmask[None, :])
+
+
+@triton.jit
+def _pq_gemm_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, M, N, K, sx, sq, sh, sa, sb,
+                    so, QT: tl.constexpr, VW: tl.constexpr, E: tl.constexpr, H: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP32: tl.constexpr):
+    """Prefill: tiles of H vectors per row dequantized (w = A f + B) and fed to tl.dot."""
+    EV: tl.constexpr = VW * E
+    BK: tl.constexpr = H * EV
+    pm = tl.program_id(0)
+    pn = tl.program_id(1)
+    mm = pm * BLOCK_M + tl.arange(0, BLOCK_M)
+    nn = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    mmask = mm < M
+    nmask = nn < N
+    nc = tl.where(nmask, nn, 0).to(tl.int64)
+    n3 = nc[:, None, None]
+    n2 = nc[:, None]
+    v = tl.arange(0, H)
+    v3 = v[None, :, None]
+    v2 = v[None, :]
+    w3 = tl.arange(0, VW)[None, None, :]
+    kk = tl.arange(0, BK)
+    xrow = x_ptr + mm.to(tl.int64)[:, None] * sx
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BK):
+        f = _pq_fields(qs_ptr, qh_ptr, n3, sq, sh, k0, v3, w3, QT, VW, E)
+        A, B = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT)
+        w = f * A[:, :, None, None] + B[:, :, None, None]
+        w2 = tl.reshape(w, (BLOCK_N, BK))
+        xt = tl.load(xrow + k0 + kk[None, :], mask=mmask[:, None], other=0.0)
+        if FP32:
+            acc += tl.dot(xt, tl.trans(w2), input_precision="ieee")
+        else:
+            acc += tl.dot(xt, tl.trans(w2.to(xt.dtype)))
+    tl.store(out_ptr + mm.to(tl.int64)[:, None] * so + nn[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+
+
+def _pq_args(pw):
+    """Kernel pointers and row strides (in each plane's elements) for a PackedQuant."""
+    P = pw.planes
+    qs = P["qs"].view(torch.int32)
+    qh = P.get("qh", qs)
+    if pw.qtype in ("Q8_0", "Q4_0"):
+        a, b = P["d"], P["d"]
+    elif pw.qtype in ("Q4_K", "Q5_K"):
+        a, b = P["dm"], P["scm"]
+    else:
+        a, b = P["sc"], P["d"]
+    return qs, qh, a, b
+
+
+def _pq_gemv_config(T, N, K, qtype, device):
+    """(H, BLOCK_N, num_warps, split): about 4+ programs per SM/CU, and each thread holding
+    several rows so the activations it converts are reused (see docs/kernels.md)."""
+    bt = next_pow2(T)
+    ev = PQ_VW[qtype] * PQ_E[qtype]
+    h = max(1, 256 // ev)                       # one 256-element step per row per iteration
+    if bt == 1:
+        block_n, warps = 32, 4
+    elif bt <= 4:
+        block_n, warps = 16, 4
+    else:
+        block_n, warps = 8, 4
+    block_n = min(block_n, max(2, next_pow2(N)))
+    progs = triton.cdiv(N, block_n)
+    want = 4 * num_sms(device)
+    split = 1
+    steps = K // (h * ev)
+    while progs * split * 2 <= want and steps % (split * 2) == 0 and steps // (split * 2) >= 2:
+        split *= 2
+    return dict(H=h, BLOCK_N=block_n, num_warps=warps, SPLIT=split)
+
+
+def packed_matmul(x, pw, **cfg):
+    """x [T, K] @ dequant(pw)^T -> [T, N] for a PackedQuant pw (GEMV for T <= 16)."""
+    T, K = x.shape
+    N = pw.shape[0]
+    assert x.stride(1) == 1 and K == pw.shape[1] and K % 256 == 0
+    qt = pw.qtype
+    QT, VW, E = PQ_QTYPES[qt], PQ_VW[qt], PQ_E[qt]
+    qs, qh, a, b = _pq_args(pw)
+    out = empty((T, N), x.dtype, x.device)
+    if T == 0:
+        return out
+    if T <= 16:
+        c = _pq_gemv_config(T, N, K, qt, x.device)
+        c.update(cfg)
+        H, BN, warps, split = c["H"], c["BLOCK_N"], c["num_warps"], c["SPLIT"]
+        step = H * VW * E
+        assert K % (step * split) == 0, "K must be a multiple of H * EV * SPLIT"
+        bt = next_pow2(T)
+        if split == 1:
+            dst, so_split = out, 0
+        else:
+            dst = torch.empty((split, T, N), dtype=torch.float32, device=x.device)
+            so_split = T * N
+        _pq_gemv_kernel[(triton.cdiv(N, BN), split)](
+            x, qs, qh, a, b, dst, N, T, x.stride(0), qs.stride(0), qh.stride(0), a.stride(0),
+            b.stride(0), dst.stride(-2), so_split, K // split,
+            QT=QT, VW=VW, E=E, H=H, BLOCK_N=BN, BLOCK_T=bt, num_warps=warps)
+        if split > 1:
+            out.copy_(dst.sum(0))
+        return out
+    cuda = x.device.type == "cuda"
+    block_m = cfg.pop("BLOCK_M", 64 if cuda else 16)
+    block_n = cfg.pop("BLOCK_N", 64 if cuda else 16)
+    H = cfg.pop("H", max(1, 64 // (VW * E)))
+    warps = cfg.pop("num_warps", 4)
+    assert K % (H * VW * E) == 0
+    _pq_gemm_kernel[(triton.cdiv(T, block_m), triton.cdiv(N, block_n))](
+        x, qs, qh, a, b, out, T, N, K, x.stride(0), qs.stride(0), qh.stride(0), a.stride(0),
+        b.stride(0), out.stride(0), QT=QT, VW=VW, E=E, H=H, BLOCK_M=block_m,
+        BLOCK_N=block_n, FP32=x.dtype == torch.float32, num_warps=warps)
+    return out
