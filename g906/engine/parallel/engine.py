@@ -49,7 +49,8 @@ def load_rank(source: str, comm: Comm, *, dtype: torch.dtype, device, progress: 
     from g906.engine.parallel.sharding import shard_weights
 
     if src is None:
-        src, _fmt = open_source(str(source))
+        src = open_synthetic(source, dtype, device) if str(source).startswith("synthetic:") else \
+            open_source(str(source))[0]
     config = src.config()
     check_tp_size(config, comm.size)
     model = build_rank_model(config, comm, dtype=dtype, device=device)
@@ -59,6 +60,47 @@ def load_rank(source: str, comm: Comm, *, dtype: torch.dtype, device, progress: 
         weights = src.weights()
     stats = model.load_weights(shard_weights(weights, config, comm.rank, comm.size))
     return model, src, config, stats
+
+
+class _SyntheticSource:
+    """"synthetic:SHAPE[?quant=f16&seed=906]": random weights of a real shape (g906.bench.synthetic),
+    drawn on each rank's own device from per-tensor seeds, so every rank (and a TP=1 run with
+    build_synthetic) sees the same weights. For benchmarks and the multi-GPU checks."""
+
+    def __init__(self, source: str, dtype: torch.dtype, device):
+        from urllib.parse import parse_qsl
+
+        from g906.bench.synthetic import SEED, shape_config
+
+        shape, _, query = source[len("synthetic:"):].partition("?")
+        opts = dict(parse_qsl(query))
+        self.shape = shape
+        self.quant = opts.get("quant", "f16")
+        self.seed = int(opts.get("seed", SEED))
+        self._config = shape_config(shape)
+        self.dtype, self.device = dtype, torch.device(device)
+        self.info = {"synthetic": True, "shape": shape, "quant": self.quant, "seed": self.seed}
+
+    def config(self):
+        return self._config
+
+    def weights(self, progress: bool = False):  # noqa: ARG002
+        from g906.bench.synthetic import synthetic_weights
+
+        return synthetic_weights(self._config, quant=self.quant, dtype=self.dtype, device=self.device,
+                                 seed=self.seed)
+
+    def tokenizer(self):
+        from g906.bench.synthetic import NullTokenizer
+
+        return NullTokenizer()
+
+    def chat_template(self):
+        return None
+
+
+def open_synthetic(source: str, dtype: torch.dtype, device) -> _SyntheticSource:
+    return _SyntheticSource(source, dtype, device)
 
 
 class _Worker:
@@ -393,7 +435,10 @@ def load_model_tp(source: str, *, tensor_parallel_size: int, dtype="auto", devic
     source = str(source)
     if not source.startswith("builtin:") and os.path.exists(os.path.expanduser(source)):
         source = os.path.abspath(os.path.expanduser(source))
-    src, fmt = open_source(source)
+    if source.startswith("synthetic:"):
+        src, fmt = open_synthetic(source, cdtype, devs[0]), "synthetic"
+    else:
+        src, fmt = open_source(source)
     config = src.config()
     check_tp_size(config, tp)
     t0 = time.perf_counter()
@@ -419,6 +464,6 @@ def load_model_tp(source: str, *, tensor_parallel_size: int, dtype="auto", devic
         "load_seconds": round(load_s, 3), **stats,
         "tensor_parallel_size": tp, "devices": [str(d) for d in devs], "backend": group.comm.backend,
     }
-    if fmt == "builtin":
+    if fmt in ("builtin", "synthetic"):
         info.update({k: v for k, v in getattr(src, "info", {}).items() if k not in info})
     return LoadedModel(tp_model, model.config, tok, template, fmt, info)
