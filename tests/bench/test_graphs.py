@@ -1,0 +1,137 @@
+"""Decode graphs (g906/engine/cuda_graphs.py): batch buckets, padding rows confined to the
+scratch block and slot, padded decode == the runner's own eager decode. The graph capture and
+replay tests need a GPU (marked gpu); the padding logic runs here on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from g906.engine.cache import ModelCache
+from g906.engine.cuda_graphs import DecodeGraphs, bucket, graph_batch_sizes, padded_cache_sizes
+from g906.engine.llm_engine import EngineConfig, LLMEngine
+from g906.engine.loader import load_model
+from g906.engine.sampling_params import SamplingParams
+
+
+def test_batch_sizes_and_buckets():
+    assert graph_batch_sizes(1) == [1]
+    assert graph_batch_sizes(16) == [1, 2, 4, 8, 16]
+    assert graph_batch_sizes(48) == [1, 2, 4, 8, 16, 32, 48]
+    assert graph_batch_sizes(160) == [1, 2, 4, 8, 16, 32, 64, 96, 128, 160]
+    assert graph_batch_sizes(100) == [1, 2, 4, 8, 16, 32, 64, 96, 100]
+    sizes = graph_batch_sizes(64)
+    assert [bucket(n, sizes) for n in (1, 2, 3, 5, 33, 64, 65)] == [1, 2, 4, 8, 64, 64, None]
+    assert padded_cache_sizes(100, 8) == (101, 9, 100, 8)
+
+
+def _setup(device="cpu", dtype="float32", max_num_seqs=4, use_graphs=False, source="builtin:tiny-qwen35"):
+    lm = load_model(source, dtype=dtype, device=device, progress=False)
+    eng = LLMEngine(lm, EngineConfig(max_num_seqs=max_num_seqs, num_kv_blocks=24, max_model_len=256,
+                                     max_num_batched_tokens=64))
+    r = eng.runner
+    nb, ns, sb, ss = padded_cache_sizes(r.sizing.num_blocks, max_num_seqs)
+    cache = ModelCache.allocate(lm.config, num_blocks=nb, block_size=r.block_size, num_state_slots=ns,
+                                dtype=r.dtype, device=r.device)
+    r.cache = cache
+    lm.model.bind_cache(cache)
+    graphs = DecodeGraphs(lm.model, cache, block_size=r.block_size, max_num_seqs=max_num_seqs,
+                          max_model_len=256, scratch_block=sb, scratch_slot=ss, use_graphs=use_graphs)
+    return eng, graphs, cache, sb, ss
+
+
+def _snapshot(cache):
+    return [t.clone() for t in (cache.kv, cache.conv, cache.ssm)]
+
+
+def _restore(cache, snap):
+    for t, s in zip((cache.kv, cache.conv, cache.ssm), snap):
+        t.copy_(s)
+
+
+def _compare_steps(eng, graphs, cache, sb, ss, steps, exact=False):
+    """Run `steps` decode steps both ways from the same cache state; compare logits and caches."""
+    r = eng.runner
+    model = r.model
+    for _ in range(steps):
+        batch = eng.scheduler.schedule()
+        assert batch is not None and not batch.is_prefill
+        snap = _snapshot(cache)
+        ids, pos, ctx = r._context(batch)
+        want = model.compute_logits(model.forward(ids, pos, ctx))
+        after = _snapshot(cache)
+        _restore(cache, snap)
+        got = graphs.run(batch.seqs)
+        assert got.shape == want.shape
+        if exact:
+            assert torch.equal(got, want)
+        else:
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        # real cache memory as the eager step left it; padding only touched the scratch block/slot
+        kv, conv, ssm = (cache.kv, cache.conv, cache.ssm)
+        torch.testing.assert_close(kv[:, :, :sb], after[0][:, :, :sb], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(conv[:, :ss], after[1][:, :ss], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(ssm[:, :ss], after[2][:, :ss], rtol=1e-4, atol=1e-4)
+        toks = want.argmax(-1).tolist()
+        for seq, t in zip(batch.seqs, toks):
+            seq.num_cached_tokens += 1
+            seq.append_token(t)
+
+
+def _prefill(eng, lengths, vocab):
+    for i, n in enumerate(lengths):
+        eng.add_request(f"r{i}", [(31 * j + 7 * i) % (vocab - 10) + 5 for j in range(n)],
+                        SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+    while any(not s.is_decode for s in eng.scheduler.running) or eng.scheduler.waiting:
+        eng.step()
+
+
+def test_padded_eager_decode_matches_runner_and_spares_real_cache():
+    eng, graphs, cache, sb, ss = _setup()
+    vocab = eng.model_config.vocab_size
+    _prefill(eng, [15, 17, 40], vocab)          # 3 sequences -> bucket 4: one padding row
+    # 20 steps: sequences cross KV block boundaries (15 -> 16, 17 -> 32 ...)
+    _compare_steps(eng, graphs, cache, sb, ss, steps=20)
+    assert graphs.num_eager == 20 and graphs.num_replays == 0
+    d = graphs.describe()
+    assert d["graphs"] is False
+
+
+def test_oversized_batch_and_bad_scratch():
+    eng, graphs, cache, sb, ss = _setup(max_num_seqs=2)
+    with pytest.raises(ValueError, match="exceeds the largest graph batch"):
+        graphs.prepare([object()] * 3)
+    with pytest.raises(ValueError, match="scratch block"):
+        DecodeGraphs(eng.runner.model, cache, block_size=16, max_num_seqs=2, max_model_len=256,
+                     scratch_block=cache.num_blocks, scratch_slot=ss)
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA/ROCm GPU")
+
+
+@pytest.mark.gpu
+@gpu
+def test_graph_replay_matches_padded_eager_on_gpu():
+    eng, graphs, cache, sb, ss = _setup(device="cuda", dtype="float16", max_num_seqs=8, use_graphs=True)
+    graphs.capture()
+    assert sorted(graphs.graphs) == [1, 2, 4, 8]
+    _prefill(eng, [15, 17, 40], eng.model_config.vocab_size)
+    # same padded shapes, so graph replay and eager compute the same bits
+    r = eng.runner
+    for _ in range(30):
+        batch = eng.scheduler.schedule()
+        snap = _snapshot(cache)
+        graphs.use_graphs = False
+        want = graphs.run(batch.seqs).clone()
+        after = _snapshot(cache)
+        _restore(cache, snap)
+        graphs.use_graphs = True
+        got = graphs.run(batch.seqs)
+        assert torch.equal(got, want)
+        assert torch.equal(cache.kv[:, :, :sb], after[0][:, :, :sb])
+        assert torch.equal(cache.ssm[:, :ss], after[2][:, :ss])
+        for seq, t in zip(batch.seqs, want.argmax(-1).tolist()):
+            seq.num_cached_tokens += 1
+            seq.append_token(t)
+    assert graphs.num_replays == 30
+    del r
