@@ -329,49 +329,40 @@ def linear(x, weight, **cfg):
 # ----------------------------------------------------------------------------------------
 # Kernels over repacked weights (kernels/linear/repack.py: PackedQuant).
 #
-# A row is read as "vectors" of VW 32-bit words (16 bytes for 4-/8-bit quants, 8 for Q6_K)
-# holding EV = VW * E consecutive elements (E = fields per word), one scale group per vector
-# (Q8_0: half a block). Each field becomes a float in [1, 2) by placing its bits in the
-# mantissa (f = 1 + q / 2^bits: one shift and one and/or per element, no int->float
-# conversion); the per-vector sums S = sum(f * x) and X = sum(x) then give the exact dot
-# product with the dequantized weights as A * S + B * X, with A and B per (row, vector)
-# from the type's scales (formed in fp32, exact). No per-element scale multiply.
+# A row is read as vectors of 4 int32 words (16 bytes) holding EV = 4 * E elements (E = 4
+# for 8-bit quants, 8 for 4-bit); field j of word w is element 4j + w of the vector, so the
+# activations that field j meets are 4 consecutive elements (one 8-byte load) and every tile
+# keeps the words' shape [T, BN, H, 4]: no layout shuffles, and the sum over a vector is
+# inside one thread. Each field becomes a float in [1, 2) by placing its bits under the
+# exponent (f = 1 + q / 2^bits: a shift and an and/or, no int->float conversion); per
+# vector, S = sum(f * x) and X = sum(x) give the exact dot product with the dequantized
+# weights as A * S + B * X, A and B per (row, vector) from the scales (fp32, exact).
 # ----------------------------------------------------------------------------------------
 
 PQ_QTYPES = {"Q8_0": 0, "Q4_0": 1, "Q4_K": 2, "Q5_K": 3, "Q6_K": 4}
-PQ_VW = {"Q8_0": 4, "Q4_0": 4, "Q4_K": 4, "Q5_K": 4, "Q6_K": 2}     # words per vector
 PQ_E = {"Q8_0": 4, "Q4_0": 8, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8}      # elements per word
 
 
 @triton.jit
-def _pq_fields(qs_ptr, qh_ptr, n3, sq, sh, k0, v3, w3,
-               QT: tl.constexpr, VW: tl.constexpr, E: tl.constexpr):
-    """[BN, H, VW, E] fp32 in [1, 2): the mantissa-placed quants of H vectors per row."""
-    words = tl.load(qs_ptr + n3 * sq + (k0 // E + v3 * VW + w3))          # [BN, H, VW] int32
-    jj = tl.arange(0, E)[None, None, None, :]
-    w4 = words[:, :, :, None]
-    if QT == 0:  # int8: flip the sign bit (q + 128), 8 bits under the exponent
-        b = ((w4 >> (8 * jj)) & 255) ^ 128
-        f = ((b << 15) | 0x3F800000).to(tl.float32, bitcast=True)       # 1 + (q + 128) / 256
-    else:
-        nib = (w4 >> (4 * jj)) & 15
-        f = ((nib << 19) | 0x3F800000).to(tl.float32, bitcast=True)      # 1 + q_lo / 16
-        if QT == 3:  # Q5_K: one high bit per element, a byte per word
-            hb = tl.load(qh_ptr + n3 * sh + (k0 // 8 + v3 * VW + w3)).to(tl.int32)
-            hf = ((((hb[:, :, :, None] >> jj) & 1) << 22) | 0x3F800000).to(tl.float32,
-                                                                            bitcast=True)
-            f = f + 2.0 * hf                                               # 1 + q_hi / 2
-        if QT == 4:  # Q6_K: two high bits per element, 16 bits per word
-            hh = tl.load(qh_ptr + n3 * sh + (k0 // 8 + v3 * VW + w3)).to(tl.int32)
-            hf = ((((hh[:, :, :, None] >> (2 * jj)) & 3) << 21) | 0x3F800000).to(tl.float32,
-                                                                                 bitcast=True)
-            f = f + 4.0 * hf                                               # 1 + q_hi / 4
+def _pq_field(words, hi, J: tl.constexpr, QT: tl.constexpr):
+    """Field J of every word as a float in [1, 2) (Q5_K/Q6_K: low + c * high part)."""
+    if QT == 0:  # int8: flip the sign bit (q + 128) and put 8 bits under the exponent
+        f = ((((words >> (8 * J)) & 255) ^ 128) << 15) | 0x3F800000     # 1 + (q + 128) / 256
+        return f.to(tl.float32, bitcast=True)
+    f = ((((words >> (4 * J)) & 15) << 19) | 0x3F800000).to(tl.float32, bitcast=True)
+    if QT == 3:  # one high bit: 1 + q_hi / 2
+        g = ((((hi >> J) & 1) << 22) | 0x3F800000).to(tl.float32, bitcast=True)
+        f = f + 2.0 * g
+    if QT == 4:  # two high bits: 1 + q_hi / 4
+        g = ((((hi >> (2 * J)) & 3) << 21) | 0x3F800000).to(tl.float32, bitcast=True)
+        f = f + 4.0 * g
     return f
 
 
 @triton.jit
-def _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT: tl.constexpr):
-    """(A, B) fp32 [BN, H]: dot(w, x) over vector v = A * sum(f * x) + B * sum(x)."""
+def _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT: tl.constexpr, HALF: tl.constexpr):
+    """(A, B) fp32 [BN, H]: dot(w, x) over vector v (Q6_K: half HALF of it, 16 elements)
+    = A * sum(f * x) + B * sum(x)."""
     if QT == 0:    # q = 256 f - 384
         d = tl.load(a_ptr + n2 * sa + (k0 // 32 + v2 // 2)).to(tl.float32)
         A = 256.0 * d
@@ -391,9 +382,9 @@ def _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT: tl.constexpr):
             B = -16.0 * ds - dmin * (scm >> 8).to(tl.float32)
         else:
             B = -48.0 * ds - dmin * (scm >> 8).to(tl.float32)
-    else:          # Q6_K: q - 32 = 16 f - 112
-        sc = tl.load(a_ptr + n2 * sa + (k0 // 16 + v2)).to(tl.float32)
-        d = tl.load(b_ptr + n2 * sb + (k0 + v2 * 16) // 256).to(tl.float32)
+    else:          # Q6_K: q - 32 = 16 f - 112, one int8 scale per 16 elements
+        sc = tl.load(a_ptr + n2 * sa + (k0 // 16 + 2 * v2 + HALF)).to(tl.float32)
+        d = tl.load(b_ptr + n2 * sb + (k0 + v2 * 32) // 256).to(tl.float32)
         ds = d * sc
         A = 16.0 * ds
         B = -112.0 * ds
@@ -401,12 +392,16 @@ def _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT: tl.constexpr):
 
 
 @triton.jit
-def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, sx, sq, sh, sa, sb,
-                    so, so_split, k_len,
-                    QT: tl.constexpr, VW: tl.constexpr, E: tl.constexpr, H: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr):
-    """out[t, n] (or a split-K partial) = sum over this program's K range of x[t] . w[n]."""
-    EV: tl.constexpr = VW * E
+def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, sq, sh, sa, sb,
+                    so, so_split, kw_len,
+                    QT: tl.constexpr, E: tl.constexpr, H: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr):
+    """out[t, n] (or split-K partial pid_k) = x[t] . w[n] over words [pid_k * kw_len, +kw_len).
+
+    H = threads per program, so the [BLOCK_T, BLOCK_N, H, 4] tiles put every thread on H and
+    keep rows and tokens in registers: the activations a thread loads and converts serve all
+    its rows, and the words and activations share one layout (no shuffles)."""
+    EV: tl.constexpr = 4 * E
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     nn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -417,33 +412,77 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, sx, sq, 
     v = tl.arange(0, H)
     v3 = v[None, :, None]
     v2 = v[None, :]
-    w3 = tl.arange(0, VW)[None, None, :]
+    w3 = tl.arange(0, 4)[None, None, :]
     tt = tl.arange(0, BLOCK_T)
-    t5 = tt[:, None, None, None, None]
-    xoff = (v[None, None, :, None, None] * EV + tl.arange(0, VW)[None, None, None, :, None] * E
-            + tl.arange(0, E)[None, None, None, None, :])                  # [1, 1, H, VW, E]
-    xrow = x_ptr + t5.to(tl.int64) * sx
-    tm = t5 < T
+    t4 = tt[:, None, None, None]
+    xoff = v3[None] * EV + w3[None]                   # [1, 1, H, 4]: field 0 of each word
+    xrow = x_ptr + t4.to(tl.int64) * sx
+    tm = t4 < T
     acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
-    kbeg = pid_k * k_len
-    for k0 in range(kbeg, kbeg + k_len, H * EV):
-        f = _pq_fields(qs_ptr, qh_ptr, n3, sq, sh, k0, v3, w3, QT, VW, E)
-        xv = tl.load(xrow + k0 + xoff, mask=tm, other=0.0).to(tl.float32)  # [BT, 1, H, VW, E]
-        S = tl.sum(tl.sum(f[None] * xv, axis=4), axis=3)                   # [BT, BN, H]
-        X = tl.sum(tl.sum(xv, axis=4), axis=3)                             # [BT, 1, H]
-        A, B = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT)
-        acc += tl.sum(A[None] * S + B[None] * X, axis=2)
+    kwbeg = pid_k * kw_len
+    kwend = tl.minimum(kwbeg + kw_len, KW)
+    for kw in range(kwbeg, kwbeg + kw_len, H * 4):
+        k0 = kw * E
+        wptr = qs_ptr + n3 * sq + (kw + v3 * 4 + w3)
+        if EVEN:
+            words = tl.load(wptr)                                           # [BN, H, 4] int32
+            xm = tm
+        else:
+            vm3 = (kw + v3 * 4) < kwend
+            words = tl.load(wptr, mask=vm3, other=0)
+            xm = tm & vm3[None]
+        if QT == 3 or QT == 4:
+            hptr = qh_ptr + n3 * sh + (kw * E // 8 + v3 * 4 + w3)
+            if EVEN:
+                hi = tl.load(hptr).to(tl.int32)
+            else:
+                hi = tl.load(hptr, mask=vm3, other=0).to(tl.int32)
+        else:
+            hi = words
+        if EVEN:
+            vs = v2
+        else:  # scales of masked vectors: any valid index (their terms are 0)
+            vs = tl.where(kw + v2 * 4 < kwend, v2, 0)
+        if QT == 4:  # fields 0-3 and 4-7 have their own scales
+            p0 = tl.zeros([BLOCK_T, BLOCK_N, H, 4], tl.float32)
+            p1 = tl.zeros([BLOCK_T, BLOCK_N, H, 4], tl.float32)
+            x0 = tl.zeros([BLOCK_T, 1, H, 4], tl.float32)
+            x1 = tl.zeros([BLOCK_T, 1, H, 4], tl.float32)
+            for j in tl.static_range(E):
+                xj = tl.load(xrow + k0 + xoff + 4 * j, mask=xm, other=0.0).to(tl.float32)
+                fj = _pq_field(words, hi, j, QT)[None]
+                if j < 4:
+                    p0 += fj * xj
+                    x0 += xj
+                else:
+                    p1 += fj * xj
+                    x1 += xj
+            A0, B0 = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, vs, QT, 0)
+            A1, B1 = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, vs, QT, 1)
+            c = (A0[None] * tl.sum(p0, axis=3) + B0[None] * tl.sum(x0, axis=3)
+                 + A1[None] * tl.sum(p1, axis=3) + B1[None] * tl.sum(x1, axis=3))
+        else:
+            p = tl.zeros([BLOCK_T, BLOCK_N, H, 4], tl.float32)
+            xs = tl.zeros([BLOCK_T, 1, H, 4], tl.float32)
+            for j in tl.static_range(E):
+                xj = tl.load(xrow + k0 + xoff + 4 * j, mask=xm, other=0.0).to(tl.float32)
+                p += _pq_field(words, hi, j, QT)[None] * xj
+                xs += xj
+            A, B = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, vs, QT, 0)
+            c = A[None] * tl.sum(p, axis=3) + B[None] * tl.sum(xs, axis=3)
+        # masked vectors: x = 0 there, so S = X = 0 and c = 0 whatever the (clamped) scales
+        acc += tl.sum(c, axis=2)
     optr = out_ptr + pid_k * so_split + tt[:, None] * so + nn[None, :]
     tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=(tt[:, None] < T) & nmask[None, :])
 
 
 @triton.jit
 def _pq_gemm_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, M, N, K, sx, sq, sh, sa, sb,
-                    so, QT: tl.constexpr, VW: tl.constexpr, E: tl.constexpr, H: tl.constexpr,
+                    so, QT: tl.constexpr, E: tl.constexpr, H: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP32: tl.constexpr):
-    """Prefill: tiles of H vectors per row dequantized (w = A f + B) and fed to tl.dot."""
-    EV: tl.constexpr = VW * E
-    BK: tl.constexpr = H * EV
+    """Prefill: per field j, the [BN, 4H] weights (w = A f + B) times the matching [BM, 4H]
+    activations with tl.dot (any order of the K terms gives the same sum)."""
+    EV: tl.constexpr = 4 * E
     pm = tl.program_id(0)
     pn = tl.program_id(1)
     mm = pm * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -456,20 +495,33 @@ def _pq_gemm_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, M, N, K, sx, s
     v = tl.arange(0, H)
     v3 = v[None, :, None]
     v2 = v[None, :]
-    w3 = tl.arange(0, VW)[None, None, :]
-    kk = tl.arange(0, BK)
+    w3 = tl.arange(0, 4)[None, None, :]
+    xoff = tl.reshape(v3 * EV + w3, (1, 4 * H))
     xrow = x_ptr + mm.to(tl.int64)[:, None] * sx
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BK):
-        f = _pq_fields(qs_ptr, qh_ptr, n3, sq, sh, k0, v3, w3, QT, VW, E)
-        A, B = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT)
-        w = f * A[:, :, None, None] + B[:, :, None, None]
-        w2 = tl.reshape(w, (BLOCK_N, BK))
-        xt = tl.load(xrow + k0 + kk[None, :], mask=mmask[:, None], other=0.0)
-        if FP32:
-            acc += tl.dot(xt, tl.trans(w2), input_precision="ieee")
+    for k0 in range(0, K, H * EV):
+        words = tl.load(qs_ptr + n3 * sq + (k0 // E + v3 * 4 + w3))
+        if QT == 3 or QT == 4:
+            hi = tl.load(qh_ptr + n3 * sh + (k0 // 8 + v3 * 4 + w3)).to(tl.int32)
         else:
-            acc += tl.dot(xt, tl.trans(w2.to(xt.dtype)))
+            hi = words
+        A, B = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT, 0)
+        if QT == 4:
+            A1, B1 = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT, 1)
+        else:
+            A1, B1 = A, B
+        for j in tl.static_range(E):
+            f = _pq_field(words, hi, j, QT)
+            if j < 4 or QT != 4:
+                w = f * A[:, :, None] + B[:, :, None]
+            else:
+                w = f * A1[:, :, None] + B1[:, :, None]
+            w2 = tl.reshape(w, (BLOCK_N, 4 * H))
+            xt = tl.load(xrow + k0 + xoff + 4 * j, mask=mmask[:, None], other=0.0)
+            if FP32:
+                acc += tl.dot(xt, tl.trans(w2), input_precision="ieee")
+            else:
+                acc += tl.dot(xt, tl.trans(w2.to(xt.dtype)))
     tl.store(out_ptr + mm.to(tl.int64)[:, None] * so + nn[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
 
@@ -477,7 +529,7 @@ def _pq_gemm_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, M, N, K, sx, s
 def _pq_args(pw):
     """Kernel pointers and row strides (in each plane's elements) for a PackedQuant."""
     P = pw.planes
-    qs = P["qs"].view(torch.int32)
+    qs = P["qs"]
     qh = P.get("qh", qs)
     if pw.qtype in ("Q8_0", "Q4_0"):
         a, b = P["d"], P["d"]
@@ -488,26 +540,27 @@ def _pq_args(pw):
     return qs, qh, a, b
 
 
+def warp_size(device) -> int:
+    if device.type != "cuda":
+        return 32
+    return getattr(torch.cuda.get_device_properties(device), "warp_size", 64 if is_rocm() else 32)
+
+
 def _pq_gemv_config(T, N, K, qtype, device):
-    """(H, BLOCK_N, num_warps, split): about 4+ programs per SM/CU, and each thread holding
-    several rows so the activations it converts are reused (see docs/kernels.md)."""
+    """BLOCK_N rows per program (rows live in registers: each thread reuses its activations for
+    all of them and keeps BLOCK_N 16-byte loads in flight), num_warps, and a split of K so
+    that there are about 4 programs per SM/CU."""
     bt = next_pow2(T)
-    ev = PQ_VW[qtype] * PQ_E[qtype]
-    h = max(1, 256 // ev)                       # one 256-element step per row per iteration
-    if bt == 1:
-        block_n, warps = 32, 4
-    elif bt <= 4:
-        block_n, warps = 16, 4
-    else:
-        block_n, warps = 8, 4
-    block_n = min(block_n, max(2, next_pow2(N)))
+    block_n = {1: 8, 2: 8, 4: 4, 8: 2, 16: 1}[bt]
+    warps = 4
+    block_n = min(block_n, next_pow2(N))
     progs = triton.cdiv(N, block_n)
     want = 4 * num_sms(device)
+    kw = K // PQ_E[qtype]
     split = 1
-    steps = K // (h * ev)
-    while progs * split * 2 <= want and steps % (split * 2) == 0 and steps // (split * 2) >= 2:
+    while progs * split * 2 <= want and kw // (split * 2) >= 1024:
         split *= 2
-    return dict(H=h, BLOCK_N=block_n, num_warps=warps, SPLIT=split)
+    return dict(BLOCK_N=block_n, num_warps=warps, SPLIT=split)
 
 
 def packed_matmul(x, pw, **cfg):
@@ -516,7 +569,7 @@ def packed_matmul(x, pw, **cfg):
     N = pw.shape[0]
     assert x.stride(1) == 1 and K == pw.shape[1] and K % 256 == 0
     qt = pw.qtype
-    QT, VW, E = PQ_QTYPES[qt], PQ_VW[qt], PQ_E[qt]
+    QT, E = PQ_QTYPES[qt], PQ_E[qt]
     qs, qh, a, b = _pq_args(pw)
     out = empty((T, N), x.dtype, x.device)
     if T == 0:
@@ -524,9 +577,12 @@ def packed_matmul(x, pw, **cfg):
     if T <= 16:
         c = _pq_gemv_config(T, N, K, qt, x.device)
         c.update(cfg)
-        H, BN, warps, split = c["H"], c["BLOCK_N"], c["num_warps"], c["SPLIT"]
-        step = H * VW * E
-        assert K % (step * split) == 0, "K must be a multiple of H * EV * SPLIT"
+        BN, warps, split = c["BLOCK_N"], c["num_warps"], c["SPLIT"]
+        H = c.get("H") or warp_size(x.device) * warps
+        KW = K // E
+        kw_len = triton.cdiv(triton.cdiv(KW, split), 16) * 16
+        split = triton.cdiv(KW, kw_len)
+        even = kw_len % (4 * H) == 0 and KW % kw_len == 0
         bt = next_pow2(T)
         if split == 1:
             dst, so_split = out, 0
@@ -534,20 +590,20 @@ def packed_matmul(x, pw, **cfg):
             dst = torch.empty((split, T, N), dtype=torch.float32, device=x.device)
             so_split = T * N
         _pq_gemv_kernel[(triton.cdiv(N, BN), split)](
-            x, qs, qh, a, b, dst, N, T, x.stride(0), qs.stride(0), qh.stride(0), a.stride(0),
-            b.stride(0), dst.stride(-2), so_split, K // split,
-            QT=QT, VW=VW, E=E, H=H, BLOCK_N=BN, BLOCK_T=bt, num_warps=warps)
+            x, qs, qh, a, b, dst, N, T, KW, x.stride(0), qs.stride(0), qh.stride(0),
+            a.stride(0), b.stride(0), dst.stride(-2), so_split, kw_len,
+            QT=QT, E=E, H=H, BLOCK_N=BN, BLOCK_T=bt, EVEN=even, num_warps=warps)
         if split > 1:
-            out.copy_(dst.sum(0))
+            torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
         return out
     cuda = x.device.type == "cuda"
     block_m = cfg.pop("BLOCK_M", 64 if cuda else 16)
     block_n = cfg.pop("BLOCK_N", 64 if cuda else 16)
-    H = cfg.pop("H", max(1, 64 // (VW * E)))
+    H = cfg.pop("H", 4)
     warps = cfg.pop("num_warps", 4)
-    assert K % (H * VW * E) == 0
+    assert K % (H * 4 * E) == 0
     _pq_gemm_kernel[(triton.cdiv(T, block_m), triton.cdiv(N, block_n))](
         x, qs, qh, a, b, out, T, N, K, x.stride(0), qs.stride(0), qh.stride(0), a.stride(0),
-        b.stride(0), out.stride(0), QT=QT, VW=VW, E=E, H=H, BLOCK_M=block_m,
+        b.stride(0), out.stride(0), QT=QT, E=E, H=H, BLOCK_M=block_m,
         BLOCK_N=block_n, FP32=x.dtype == torch.float32, num_warps=warps)
     return out

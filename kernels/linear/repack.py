@@ -77,21 +77,28 @@ def can_pack(qt) -> bool:
     return qt.qtype in PACKED_TYPES and qt.shape[1] % 256 == 0 and qt.data.dim() == 2
 
 
-def _nibbles(q: torch.Tensor) -> torch.Tensor:
-    """uint8-valued ints [n, m] (0..15, natural order) -> uint8 [n, m/2] (even elements low)."""
-    q = q.to(torch.uint8)
-    return q[:, 0::2] | (q[:, 1::2] << 4)
-
-
-def _pairs_to(q: torch.Tensor, bits: int, dtype) -> torch.Tensor:
-    """ints [n, m] of `bits` bits -> [n, m/8] words of 8*bits bits (field j = element 8w+j)."""
+def _words(q: torch.Tensor, bits: int) -> torch.Tensor:
+    """ints [n, m] (natural element order) -> int32 words [n, m*bits/32]: inside each vector
+    of 4 words (4E elements, E = 32/bits), field j of word w holds element 4j + w."""
     n, m = q.shape
-    q = q.to(torch.int32).view(n, m // 8, 8)
+    e = 32 // bits
+    q = (q.to(torch.int64) & ((1 << bits) - 1)).view(n, m // (4 * e), e, 4).transpose(2, 3)
+    sh = torch.arange(e, device=q.device, dtype=torch.int64) * bits
+    w = (q << sh).sum(-1)                        # disjoint fields: sum == or
+    w = torch.where(w >= 1 << 31, w - (1 << 32), w)
+    return w.to(torch.int32).reshape(n, m * bits // 32)
+
+
+def _side(q: torch.Tensor, bits: int, dtype) -> torch.Tensor:
+    """High bits [n, m] -> one `dtype` per quant word [n, m/8] (Q5_K: 1 bit, Q6_K: 2 bits):
+    field j holds the high bits of element 4j + w of the word's vector (as in _words)."""
+    n, m = q.shape
+    q = q.to(torch.int32).view(n, m // 32, 8, 4).transpose(2, 3)        # [n, V, w, j]
     sh = torch.arange(8, device=q.device, dtype=torch.int32) * bits
-    w = (q << sh).sum(-1)          # disjoint fields: sum == or
+    w = (q << sh).sum(-1)
     if dtype == torch.int16:
         w = torch.where(w >= 1 << 15, w - (1 << 16), w)
-    return w.to(dtype)
+    return w.to(dtype).reshape(n, m // 8)
 
 
 @torch.no_grad()
@@ -103,14 +110,14 @@ def pack(raw: torch.Tensor, qtype: str, shape) -> PackedQuant:
     nb = blocks.shape[0]
     if qtype == "Q8_0":
         d = blocks[:, 0:2].contiguous().view(torch.float16).reshape(rows, K // 32)
-        qs = blocks[:, 2:34].contiguous().view(torch.int8).reshape(rows, K)
-        return PackedQuant(qtype, (rows, K), {"qs": qs, "d": d.contiguous()})
+        q = blocks[:, 2:34].contiguous().view(torch.int8).reshape(rows, K)
+        return PackedQuant(qtype, (rows, K), {"qs": _words(q, 8), "d": d.contiguous()})
     if qtype == "Q4_0":
         d = blocks[:, 0:2].contiguous().view(torch.float16).reshape(rows, K // 32)
         b = blocks[:, 2:18].to(torch.int32)
         q = torch.cat([b & 15, b >> 4], 1)                                  # [nb, 32] natural
-        qs = _nibbles(q).reshape(rows, K // 2)
-        return PackedQuant(qtype, (rows, K), {"qs": qs.contiguous(), "d": d.contiguous()})
+        qs = _words(q.reshape(rows, K), 4)
+        return PackedQuant(qtype, (rows, K), {"qs": qs, "d": d.contiguous()})
     if qtype in ("Q4_K", "Q5_K"):
         dm = blocks[:, 0:4].contiguous().view(torch.int32).reshape(rows, K // 256)
         sc, m = _k_scales(blocks[:, 4:16])                                  # [nb, 8] float
@@ -118,12 +125,12 @@ def pack(raw: torch.Tensor, qtype: str, shape) -> PackedQuant:
         qoff = 16 if qtype == "Q4_K" else 48
         b = blocks[:, qoff:qoff + 128].to(torch.int32).view(nb, 4, 32)
         q = torch.stack([b & 15, b >> 4], 2).reshape(nb, 256)              # sub-block 2g+hi
-        planes = {"qs": _nibbles(q).reshape(rows, K // 2).contiguous(), "dm": dm.contiguous(),
+        planes = {"qs": _words(q.reshape(rows, K), 4), "dm": dm.contiguous(),
                   "scm": scm.reshape(rows, K // 32).contiguous()}
         if qtype == "Q5_K":
             qh = blocks[:, 16:48].to(torch.int32)                           # [nb, 32]
             hb = torch.stack([(qh >> j) & 1 for j in range(8)], 1).reshape(nb, 256)
-            planes["qh"] = _pairs_to(hb, 1, torch.uint8).reshape(rows, K // 8).contiguous()
+            planes["qh"] = _side(hb.reshape(rows, K), 1, torch.uint8)
         return PackedQuant(qtype, (rows, K), planes)
     if qtype == "Q6_K":
         ql = blocks[:, 0:128].to(torch.int32).view(nb, 2, 64)
@@ -137,8 +144,8 @@ def pack(raw: torch.Tensor, qtype: str, shape) -> PackedQuant:
         sc = blocks[:, 192:208].contiguous().view(torch.int8).reshape(rows, K // 16)
         d = blocks[:, 208:210].contiguous().view(torch.float16).reshape(rows, K // 256)
         return PackedQuant(qtype, (rows, K), {
-            "qs": _nibbles(lo).reshape(rows, K // 2).contiguous(),
-            "qh": _pairs_to(hi, 2, torch.int16).reshape(rows, K // 8).contiguous(),
+            "qs": _words(lo.reshape(rows, K), 4),
+            "qh": _side(hi.reshape(rows, K), 2, torch.int16),
             "sc": sc.contiguous(), "d": d.contiguous()})
     raise ValueError(f"no packed layout for {qtype}")
 
@@ -154,16 +161,23 @@ def prepare(qt):
 
 # ------------------------------------------------------------------ torch decode (reference)
 
-def _unnib(qs: torch.Tensor) -> torch.Tensor:
-    q = qs.view(torch.uint8).to(torch.int32)
-    return torch.stack([q & 15, q >> 4], -1).reshape(q.shape[0], -1)
-
-
-def _unfields(w: torch.Tensor, bits: int) -> torch.Tensor:
+def _unwords(w: torch.Tensor, bits: int, signed: bool = False) -> torch.Tensor:
+    """Inverse of _words: int32 words [n, W] -> ints [n, W*32/bits] in natural order."""
     n = w.shape[0]
-    w = w.to(torch.int32) & ((1 << (8 * bits)) - 1)
+    e = 32 // bits
+    sh = torch.arange(e, device=w.device, dtype=torch.int64) * bits
+    f = (w.to(torch.int64)[:, :, None] >> sh) & ((1 << bits) - 1)        # [n, V*4, E]
+    if signed:
+        f = torch.where(f >= 1 << (bits - 1), f - (1 << bits), f)
+    return f.view(n, -1, 4, e).transpose(2, 3).reshape(n, -1)
+
+
+def _unside(w: torch.Tensor, bits: int) -> torch.Tensor:
+    n = w.shape[0]
+    w = w.to(torch.int32) & 0xFFFF
     sh = torch.arange(8, device=w.device, dtype=torch.int32) * bits
-    return ((w[:, :, None] >> sh) & ((1 << bits) - 1)).reshape(n, -1)
+    f = (w[:, :, None] >> sh) & ((1 << bits) - 1)                         # [n, V*4, 8]
+    return f.view(n, -1, 4, 8).transpose(2, 3).reshape(n, -1)
 
 
 def dequantize_packed(p: PackedQuant) -> torch.Tensor:
@@ -171,10 +185,10 @@ def dequantize_packed(p: PackedQuant) -> torch.Tensor:
     P = p.planes
     if p.qtype == "Q8_0":
         d = P["d"].float().repeat_interleave(32, 1)
-        return P["qs"].float() * d
+        return _unwords(P["qs"], 8, signed=True).float() * d
     if p.qtype == "Q4_0":
         d = P["d"].float().repeat_interleave(32, 1)
-        return (_unnib(P["qs"]).float() - 8.0) * d
+        return (_unwords(P["qs"], 4).float() - 8.0) * d
     if p.qtype in ("Q4_K", "Q5_K"):
         dm = P["dm"].contiguous().view(torch.float16).float().view(rows, K // 256, 2)
         d = dm[..., 0].repeat_interleave(8, 1)
@@ -182,14 +196,14 @@ def dequantize_packed(p: PackedQuant) -> torch.Tensor:
         scm = P["scm"].to(torch.int32)
         sc = (scm & 255).float()
         m = (scm >> 8).float()
-        q = _unnib(P["qs"])
+        q = _unwords(P["qs"], 4)
         if p.qtype == "Q5_K":
-            q = q + 16 * _unfields(P["qh"], 1)
+            q = q + 16 * _unside(P["qh"], 1)
         q = q.float().view(rows, K // 32, 32)
         y = (d * sc)[..., None] * q - (dmin * m)[..., None]
         return y.reshape(rows, K)
     if p.qtype == "Q6_K":
-        q = (_unnib(P["qs"]) + 16 * _unfields(P["qh"], 2)).float() - 32.0
+        q = (_unwords(P["qs"], 4) + 16 * _unside(P["qh"], 2)).float() - 32.0
         d = P["d"].float().repeat_interleave(16, 1)
         s = (d * P["sc"].float()).repeat_interleave(16, 1)
         return q * s
