@@ -5,9 +5,9 @@ The pipeline (run_up), one step per function so that each can be tested and exte
     validate   load_recipe(path)                  recipe errors with file:line:col, exit 2
     plan       resolve(recipe, path) -> Plan      missing/bad model files are errors
     dry-run    print the plan and stop
-    preflight  preflight_hook(plan)               HOOK: the doctor's checks for this plan
-    vllm       vllm_hook(plan)                    HOOK: engine.kind = "vllm" hands over here
-    rccl       rccl_hook(plan)                    HOOK: TP > 1 on gfx906 needs a gfx906 RCCL
+    preflight  preflight_hook(plan, facts)        the doctor's checks for this plan (--skip-doctor)
+    vllm       vllm_hook(plan)                    engine.kind = "vllm" hands over here (supervised)
+    rccl       rccl_hook(plan, facts)             TP > 1 on gfx906 needs a gfx906 RCCL (--yes)
     serve      serve_plan(plan)                   bind; load (progress bar) + warm up in the
                                                   background while /health says 503; then
                                                   200, the URL and a curl line; SIGINT/SIGTERM
@@ -48,25 +48,68 @@ def load_and_resolve(recipe_path: Path):
     return resolve(recipe, recipe_path)
 
 
-def preflight_hook(plan, *, skip: bool) -> None:
-    """HOOK (integrator): run the doctor's checks for this plan (g906.doctor.preflight) and raise
-    G906Error with the doctor's message when a blocking finding fails. `skip` is --skip-doctor."""
-    return None
+def preflight_facts_for(plan, facts_file: Path | None):
+    """The doctor's facts for this plan: recorded ones (--facts, as written by
+    `g906 doctor --collect`) or collected now."""
+    from g906.doctor import Facts, preflight_facts
+
+    if facts_file is not None:
+        try:
+            return Facts.load(facts_file)
+        except G906Error:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bad facts file is a usage error
+            raise UsageError(f"{facts_file}: cannot read doctor facts: {exc}",
+                             hint="write one with `g906 doctor --collect FILE`") from None
+    return preflight_facts(plan)
 
 
-def vllm_hook(plan) -> int | None:
-    """HOOK (integrator): when plan.engine_kind == "vllm", hand over to g906.backends.vllm and return
-    its exit status. Returns None for the embedded engine."""
+def preflight_hook(plan, facts, *, skip: bool) -> None:
+    """Run the doctor's checks for this plan; a failing check stops `g906 up` with its fix."""
+    if skip:
+        log.warning("doctor preflight skipped (--skip-doctor)")
+        return
+    from g906.doctor import preflight, preflight_error
+
+    findings = preflight(plan, facts=facts)
+    for f in findings:
+        if f.status == "warn":
+            err_console.print(f"[yellow]doctor warning:[/] {f.id}: {f.summary}", soft_wrap=True)
+    err = preflight_error(findings)
+    if err is not None:
+        raise err
+
+
+def vllm_hook(plan, *, dry_run: bool, as_json: bool) -> int | None:
+    """engine.kind = "vllm": build the exact `vllm serve` command, print it (--dry-run) or run it
+    supervised and return its exit status. None for the embedded engine."""
     if plan.engine_kind != "vllm":
         return None
-    raise G906Error("engine.kind = \"vllm\" is not wired into `g906 up` yet",
-                    hint="run `g906 up` with engine.kind = \"embedded\", or start vLLM yourself")
+    from g906.backends.vllm import (PhaseSpinner, build_vllm_command, default_log_file,
+                                    detect_vllm_for_plan, format_dry_run, serve)
+
+    install = detect_vllm_for_plan(plan)
+    cmd = build_vllm_command(plan, install, allow_missing_secret=dry_run)
+    if dry_run:
+        if as_json:
+            print_json({"engine": "vllm", "argv": cmd.argv, "env": cmd.env, "command": format_dry_run(cmd)})
+        else:
+            console.print(format_dry_run(cmd), markup=False, soft_wrap=True)
+        return 0
+    with PhaseSpinner(err_console) as ui:
+        return serve(cmd, log_file=default_log_file(cmd), on_phase=ui.on_phase, echo=ui.echo)
 
 
-def rccl_hook(plan) -> None:
-    """HOOK (integrator): for tensor_parallel_size > 1 on gfx906, make sure a gfx906 RCCL is in
-    place (g906.rccl.integration.ensure_rccl_for_plan) before the engine starts."""
-    return None
+def rccl_hook(plan, facts, *, assume_yes: bool, dry_run: bool):
+    """TP > 1 on gfx906 needs a gfx906 RCCL in torch/lib: install the recipe's package through
+    the `g906 rccl` transaction, or stop with the exact command. Single-GPU plans never touch it."""
+    from g906.rccl import ensure_rccl_for_plan
+
+    decision = ensure_rccl_for_plan(plan, facts, assume_yes=assume_yes, dry_run=dry_run,
+                                    interactive=sys.stdin.isatty() and not dry_run)
+    if decision.blocking and not dry_run:
+        raise G906Error(decision.reason, hint=decision.hint or (f"run `{decision.command}`" if decision.command else None))
+    return decision
 
 
 def describe_plan(plan) -> dict[str, Any]:
@@ -98,8 +141,10 @@ def describe_plan(plan) -> dict[str, Any]:
     }
 
 
-def print_plan(plan, *, as_json: bool) -> None:
+def print_plan(plan, *, as_json: bool, rccl=None) -> None:
     d = describe_plan(plan)
+    if rccl is not None:
+        d["rccl"] = rccl.to_json()
     if as_json:
         print_json(d)
         return
@@ -113,6 +158,11 @@ def print_plan(plan, *, as_json: bool) -> None:
                     console.print(f"    {f}", markup=False, soft_wrap=True)
                 continue
             console.print(f"  {k}: {v}", markup=False, soft_wrap=True)
+    if rccl is not None:
+        console.print("[bold cyan]rccl[/]")
+        console.print(f"  {rccl.plan_line()}", markup=False, soft_wrap=True)
+        for w in rccl.warnings:
+            console.print(f"  [yellow]warning:[/] {w}", soft_wrap=True)
     for w in d["warnings"]:
         console.print(f"[yellow]warning:[/] {w}")
     console.print("(dry run: nothing was loaded)")
@@ -340,16 +390,24 @@ def stop_all() -> None:
 
 
 def run_up(recipe: Path, *, dry_run: bool = False, skip_doctor: bool = False, port: int | None = None,
-           host: str | None = None, as_json: bool = False) -> int:
+           host: str | None = None, as_json: bool = False, assume_yes: bool = False,
+           facts_file: Path | None = None) -> int:
     plan = load_and_resolve(recipe)                       # validate -> plan
+    needs_facts = not skip_doctor or plan.tensor_parallel_size > 1
     if dry_run:
-        print_plan(plan, as_json=as_json)
+        if plan.engine_kind == "vllm":
+            return vllm_hook(plan, dry_run=True, as_json=as_json) or 0
+        rccl = None
+        if plan.tensor_parallel_size > 1:                 # show the RCCL step of the plan
+            rccl = rccl_hook(plan, preflight_facts_for(plan, facts_file), assume_yes=assume_yes, dry_run=True)
+        print_plan(plan, as_json=as_json, rccl=rccl)
         return 0
-    preflight_hook(plan, skip=skip_doctor)                # HOOK: doctor preflight
-    status = vllm_hook(plan)                              # HOOK: vLLM branch
-    if status is not None:
+    facts = preflight_facts_for(plan, facts_file) if needs_facts else None
+    preflight_hook(plan, facts, skip=skip_doctor)         # the doctor's checks for this plan
+    status = vllm_hook(plan, dry_run=False, as_json=as_json)
+    if status is not None:                                # handed over to vLLM
         return status
-    rccl_hook(plan)                                       # HOOK: RCCL for TP > 1
+    rccl_hook(plan, facts, assume_yes=assume_yes, dry_run=False)   # TP > 1 on gfx906
     return serve_plan(plan, host=host, port=port)         # load -> warm up -> serve
 
 
@@ -374,8 +432,13 @@ def register(app: typer.Typer) -> None:
                                         help="Port to listen on (overrides the recipe; 0 = any free port)."),
         host: str | None = typer.Option(None, "--host", help="Address to bind (overrides the recipe)."),
         as_json: bool = typer.Option(False, "--json", help="With --dry-run: print the plan as JSON."),
+        yes: bool = typer.Option(False, "--yes", "-y", help="Install the recipe's gfx906 RCCL without asking "
+                                 "(tensor_parallel_size > 1 on gfx906)."),
+        facts: Path | None = typer.Option(None, "--facts", help="Use doctor facts recorded with "
+                                          "`g906 doctor --collect FILE` instead of inspecting this machine."),
     ) -> None:
         """Serve a recipe: validate, plan, check, load, warm up, and serve the OpenAI API."""
         _setup_logging()
-        code = run_up(recipe, dry_run=dry_run, skip_doctor=skip_doctor, port=port, host=host, as_json=as_json)
+        code = run_up(recipe, dry_run=dry_run, skip_doctor=skip_doctor, port=port, host=host, as_json=as_json,
+                      assume_yes=yes, facts_file=facts)
         raise typer.Exit(code)
