@@ -1,0 +1,375 @@
+#!/usr/bin/env python
+"""The engine's figures against the hardware limit and the issue's targets, in one run.
+
+    python benchmarks/engine.py --out "$OUT"            # the full table (H200: a few minutes)
+    python benchmarks/engine.py --quick --device cpu    # the same code paths on tiny shapes
+
+Rows (random weights of the real Qwen3.5 shapes, built on the device by g906.bench.synthetic):
+  9B F16 / Q8_0 / Q4_K (llama.cpp's Q4_K_M mix) and 0.8B F16: batch-1 decode of 128 tokens after
+  a 512-token prompt, as % of the copy-bandwidth limit (weight bytes read per token);
+  9B F16 prefill of 512 and of 2048 tokens, as % of the measured fp16 matmul rate;
+  9B F16, 64 concurrent requests of 512 prompt / 256 output tokens (output tok/s).
+transformers runs the same random weights (9B F16 and 0.8B F16, batch 1) for the ratio; it
+cannot run the GGUF-quantized rows. Each decode row also gets a kernel profile of a few eager
+steps (where the time goes). The table is printed at the end; everything (with the date, GPU,
+versions and commit) goes to OUT/engine.json (--out is a directory or a .json path; $OUT is
+used when set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import gc
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from g906.bench.bandwidth import measure_copy_bandwidth, measure_matmul_flops  # noqa: E402
+from g906.bench.metrics import LengthSpec, Workload  # noqa: E402
+from g906.bench.offline import make_engine, run_offline  # noqa: E402
+from g906.bench.synthetic import build_synthetic, shape_config  # noqa: E402
+
+# the issue's figures (H200, 2026-11-30)
+LLAMA_CPP = {"9b-f16-decode": 182.7, "9b-q8_0-decode": 221.7, "9b-q4_k-decode": 236.0, "0.8b-f16-decode": 517.1,
+             "9b-f16-prefill512": 16483.0}
+TARGETS = {"9b-f16-decode": 225.0, "9b-q8_0-decode": 350.0, "9b-q4_k-decode": 500.0, "0.8b-f16-decode": 1100.0,
+           "9b-f16-prefill512": 20000.0, "9b-f16-prefill2048": None, "9b-f16-c64": 4000.0}
+
+QUICK_SHAPE = dict(num_hidden_layers=4, hidden_size=256, intermediate_size=512, vocab_size=2048,
+                   num_attention_heads=2, num_key_value_heads=1, head_dim=64, linear_num_key_heads=2,
+                   linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32)
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def environment(device: torch.device) -> dict:
+    env = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+           "torch": torch.__version__, "device": str(device), "python": sys.version.split()[0]}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except Exception:
+        env["triton"] = None
+    try:
+        import transformers
+
+        env["transformers"] = transformers.__version__
+    except Exception:
+        env["transformers"] = None
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        env["gpu"] = p.name
+        env["gpu_memory_gib"] = round(p.total_memory / 2**30, 1)
+        env["hip"] = torch.version.hip
+        env["cuda"] = torch.version.cuda
+    try:
+        env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                       text=True, timeout=10).stdout.strip() or None
+    except Exception:
+        env["commit"] = None
+    env["commit"] = os.environ.get("G906_COMMIT", env["commit"])
+    return env
+
+
+def free() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def matmul_flops_per_token(loaded, context: int) -> float:
+    """FLOPs of one prefill token: 2 x the matrix parameters run per token (all but the embedding
+    and the LM head, which prefill runs for the last token only) + causal attention over
+    `context` tokens (QK^T and PV, half the context on average)."""
+    info = loaded.info
+    c = loaded.config
+    w = info["weight_bytes"] - info["embedding_bytes"]
+    if c.tie_word_embeddings is False:
+        w -= info["embedding_bytes"]            # the LM head has the embedding's size (dense rows)
+    params = w / 2                              # dense fp16 rows (prefill rows are F16 only)
+    attn = len(c.full_attention_layers) * 2 * 2 * c.num_attention_heads * c.head_dim * (context / 2)
+    return 2 * params + attn
+
+
+def profile_decode(engine, steps: int = 8, top: int = 15) -> dict:
+    """Kernel times of `steps` eager decode steps of one running request (graphs off for the
+    profile so the kernels show): the top kernels, GPU-busy vs wall time per step."""
+    from g906.engine.sampling_params import SamplingParams
+
+    dev = torch.device(str(engine.loaded.info.get("device", "cpu")))
+    graphs = getattr(engine.runner, "graphs", None)
+    saved = graphs.use_graphs if graphs is not None else None
+    if graphs is not None:
+        graphs.use_graphs = False
+    vocab = engine.model_config.vocab_size
+    engine.add_request("__profile", [(17 * i + 3) % vocab for i in range(64)],
+                       SamplingParams(temperature=0, max_tokens=steps + 4, ignore_eos=True))
+    engine.step()                                # prefill
+    engine.step()
+    engine.step()
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if dev.type == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+        torch.cuda.synchronize(dev)
+    t0 = time.perf_counter()
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(steps):
+            engine.step()
+    wall = (time.perf_counter() - t0) / steps
+    while engine.has_unfinished_requests():
+        engine.step()
+    if graphs is not None:
+        graphs.use_graphs = saved
+    ka = prof.key_averages()
+    attr = "self_device_time_total" if hasattr(ka[0], "self_device_time_total") else "self_cuda_time_total"
+    kernels = [e for e in ka if getattr(e, attr, 0) > 0]
+    kernels.sort(key=lambda e: getattr(e, attr), reverse=True)
+    busy = sum(getattr(e, attr) for e in kernels) / 1e6 / steps
+    rows = [{"name": e.key[:90], "us_per_step": round(getattr(e, attr) / steps, 1),
+             "calls_per_step": round(e.count / steps, 1)} for e in kernels[:top]]
+    return {"eager_wall_ms_per_step": round(1e3 * wall, 3), "gpu_busy_ms_per_step": round(1e3 * busy, 3),
+            "kernels": rows}
+
+
+def run_rows(args, device: torch.device, out: dict) -> None:
+    quick = args.quick
+    ov = QUICK_SHAPE if quick else None
+    P, O, P2, N64, O64 = (32, 16, 64, 4, 8) if quick else (512, 128, 2048, 64, 256)
+    hf_new = 8 if quick else 32
+    rows = out["rows"]
+    bw = out["copy_bandwidth_bytes_s"]
+    mm = out["matmul_flops_s"]
+
+    def add(row_id, label, value, unit, *, limit=None, pct=None, detail=None, hf=None, error=None):
+        t = TARGETS.get(row_id)
+        llama = LLAMA_CPP.get(row_id)
+        row = {"id": row_id, "label": label, "value": value, "unit": unit, "target": t,
+               "llama_cpp": llama, "limit": limit, "pct_of_limit": pct, "transformers": hf,
+               "ratio_transformers": (round(value / hf, 2) if value and hf else None),
+               "ratio_llama_cpp": (round(value / llama, 2) if value and llama else None),
+               "error": error, "detail": detail}
+        if row_id == "9b-f16-prefill2048":
+            row["target"] = "50% of fp16 matmul"
+            row["met"] = None if pct is None else pct >= 50.0
+        else:
+            row["met"] = None if (value is None or t is None or quick) else value >= t
+        rows.append(row)
+        log(f"{label}: {value} {unit}" + (f" ({pct}% of limit)" if pct is not None else "") + (f" ERROR {error}" if error else ""))
+
+    def decode_row(row_id, label, loaded, engine, hf_res=None):
+        wl = Workload(num_requests=2, prompt_len=LengthSpec(P, P), output_len=LengthSpec(O, O), concurrency=1)
+        res = run_offline(engine, wl)
+        bpt = loaded.info["bytes_per_token"]
+        limit = bw / bpt
+        dec = res["decode_tok_s"]
+        prof = None
+        if not args.no_profile:
+            try:
+                prof = profile_decode(engine)
+            except Exception as exc:           # a profile is a bonus, never a failure
+                prof = {"error": f"{type(exc).__name__}: {exc}"}
+        add(row_id, label, dec, "tok/s", limit=round(limit, 1), pct=round(100 * dec / limit, 1),
+            detail={"run": res, "bytes_per_token": bpt, "weight_bytes": loaded.info["weight_bytes"],
+                    "profile": prof}, hf=(hf_res or {}).get("decode_tok_s"))
+        return res
+
+    groups = args.groups
+    # ---------------------------------------------------------------- 9B F16
+    if "9b-f16" in groups:
+        loaded = engine = None
+        try:
+            log("building 9B F16")
+            loaded = build_synthetic("qwen3.5-9b", quant="f16", device=device, overrides=ov)
+            hf_res = None
+            if not args.no_hf:
+                try:
+                    from g906.bench.hf import build_hf_model, hf_generate_bench
+
+                    log("transformers 9B F16")
+                    hf = build_hf_model(loaded.config, device=device, dtype=loaded.model.dtype)
+                    hf_res = hf_generate_bench(hf, prompt_len=P, new_tokens=hf_new)
+                    del hf
+                    free()
+                except Exception as exc:
+                    hf_res = {"error": f"{type(exc).__name__}: {exc}"}
+                out["transformers"]["9b-f16"] = hf_res
+            wl1 = Workload(num_requests=1, prompt_len=LengthSpec(P2, P2), output_len=LengthSpec(O, O), concurrency=1)
+            engine = make_engine(loaded, wl1, max_num_seqs=1, max_model_len=P2 + O + 64,
+                                 max_num_batched_tokens=P2)
+            res = decode_row("9b-f16-decode", "9B F16 decode b=1", loaded, engine, hf_res)
+            fpt = matmul_flops_per_token(loaded, P)
+            pre = res["prefill_tok_s"]
+            add("9b-f16-prefill512", f"9B F16 prefill {P}", pre, "tok/s", pct=round(100 * pre * fpt / mm, 1),
+                detail={"flops_per_token": fpt}, hf=(hf_res or {}).get("prefill_tok_s"))
+            wl2 = Workload(num_requests=2, prompt_len=LengthSpec(P2, P2), output_len=LengthSpec(1, 1), concurrency=1)
+            r2 = run_offline(engine, wl2)
+            fpt2 = matmul_flops_per_token(loaded, P2)
+            pre2 = r2["prefill_tok_s"]
+            add("9b-f16-prefill2048", f"9B F16 prefill {P2}", pre2, "tok/s", pct=round(100 * pre2 * fpt2 / mm, 1),
+                detail={"run": r2, "flops_per_token": fpt2, "achieved_tflops": round(pre2 * fpt2 / 1e12, 1)})
+            del engine
+            engine = None
+            free()
+            log(f"9B F16 x{N64} concurrent")
+            wl3 = Workload(num_requests=N64, prompt_len=LengthSpec(P, P), output_len=LengthSpec(O64, O64),
+                           concurrency=N64)
+            engine = make_engine(loaded, wl3, max_num_seqs=N64, max_model_len=P + O64 + 32,
+                                 max_num_batched_tokens=max(P2, 8 * P))
+            r3 = run_offline(engine, wl3)
+            c = loaded.config
+            ctx_avg = P + O64 / 2
+            kv = N64 * ctx_avg * len(c.full_attention_layers) * 2 * c.num_key_value_heads * c.head_dim * 2
+            state = N64 * 2 * engine.runner.sizing.state_bytes_per_slot
+            step_s = max((loaded.info["bytes_per_token"] + kv + state) / bw,
+                         N64 * 2 * (loaded.info["bytes_per_token"] / 2) / mm)
+            lim = N64 / step_s
+            add("9b-f16-c64", f"9B F16 {N64} x {P}/{O64}", r3["output_tok_s"], "out tok/s", limit=round(lim, 1),
+                pct=round(100 * r3["output_tok_s"] / lim, 1),
+                detail={"run": r3, "limit_model": "weights + KV (avg context) + GDN state read/write per step, "
+                                                  "or 2 FLOP/param/token at the matmul rate"})
+        except Exception as exc:
+            traceback.print_exc()
+            add("9b-f16-decode", "9B F16", None, "", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            del engine, loaded
+            free()
+    # ---------------------------------------------------------------- quantized 9B
+    for quant in ("q8_0", "q4_k"):
+        if f"9b-{quant}" not in groups:
+            continue
+        loaded = engine = None
+        row_id = f"9b-{quant}-decode"
+        try:
+            log(f"building 9B {quant}")
+            loaded = build_synthetic("qwen3.5-9b", quant=quant, device=device, overrides=ov)
+            wl = Workload(num_requests=1, prompt_len=LengthSpec(P, P), output_len=LengthSpec(O, O), concurrency=1)
+            engine = make_engine(loaded, wl, max_num_seqs=1, max_model_len=P + O + 64, max_num_batched_tokens=P)
+            decode_row(row_id, f"9B {quant.upper()} decode b=1", loaded, engine)
+        except Exception as exc:
+            traceback.print_exc()
+            add(row_id, f"9B {quant.upper()}", None, "", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            del engine, loaded
+            free()
+    # ---------------------------------------------------------------- 0.8B
+    if "0.8b-f16" in groups:
+        loaded = engine = None
+        try:
+            log("building 0.8B F16")
+            loaded = build_synthetic("qwen3.5-0.8b", quant="f16", device=device, overrides=ov)
+            hf_res = None
+            if not args.no_hf:
+                try:
+                    from g906.bench.hf import build_hf_model, hf_generate_bench
+
+                    log("transformers 0.8B F16")
+                    hf = build_hf_model(loaded.config, device=device, dtype=loaded.model.dtype)
+                    hf_res = hf_generate_bench(hf, prompt_len=P, new_tokens=hf_new)
+                    del hf
+                    free()
+                except Exception as exc:
+                    hf_res = {"error": f"{type(exc).__name__}: {exc}"}
+                out["transformers"]["0.8b-f16"] = hf_res
+            wl = Workload(num_requests=1, prompt_len=LengthSpec(P, P), output_len=LengthSpec(O, O), concurrency=1)
+            engine = make_engine(loaded, wl, max_num_seqs=1, max_model_len=P + O + 64, max_num_batched_tokens=P)
+            decode_row("0.8b-f16-decode", "0.8B F16 decode b=1", loaded, engine, hf_res)
+            graphs = getattr(engine.runner, "graphs", None)
+            if graphs is not None and graphs.use_graphs:
+                graphs.use_graphs = False
+                wl = Workload(num_requests=1, prompt_len=LengthSpec(P, P), output_len=LengthSpec(O, O), concurrency=1)
+                r = run_offline(engine, wl, warm=False)
+                graphs.use_graphs = True
+                out["eager_vs_graphs"]["0.8b-f16-decode-eager"] = r["decode_tok_s"]
+        except Exception as exc:
+            traceback.print_exc()
+            add("0.8b-f16-decode", "0.8B F16", None, "", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            del engine, loaded
+            free()
+
+
+def fmt(x, spec="{:,.0f}") -> str:
+    if x is None:
+        return "—"
+    if isinstance(x, str):
+        return x
+    return spec.format(x)
+
+
+def table(out: dict) -> str:
+    head = ["row", "g906", "target", "llama.cpp", "limit", "% limit", "transformers", "× tf", "× llama", "met"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in out["rows"]:
+        met = "—" if r.get("met") is None else ("yes" if r["met"] else "NO")
+        if r.get("error"):
+            met = "error"
+        lines.append("| " + " | ".join([
+            r["label"], fmt(r["value"]) + (" " + r["unit"] if r["value"] is not None else ""), fmt(r["target"]),
+            fmt(r["llama_cpp"]), fmt(r["limit"]), fmt(r["pct_of_limit"], "{:.1f}%"),
+            fmt(r["transformers"], "{:,.1f}"), fmt(r["ratio_transformers"], "{:.1f}×"),
+            fmt(r["ratio_llama_cpp"], "{:.2f}×"), met]) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.environ.get("OUT"), help="directory or .json file for the results")
+    ap.add_argument("--device", default=None, help="default: cuda when present, else cpu")
+    ap.add_argument("--quick", action="store_true", help="tiny shapes and lengths (a smoke run of every path)")
+    ap.add_argument("--no-hf", action="store_true", help="skip transformers")
+    ap.add_argument("--no-profile", action="store_true", help="skip the kernel profiles")
+    ap.add_argument("--groups", default="9b-f16,9b-q8_0,9b-q4_k,0.8b-f16",
+                    help="comma-separated subset of 9b-f16, 9b-q8_0, 9b-q4_k, 0.8b-f16")
+    args = ap.parse_args(argv)
+    args.groups = [g.strip() for g in args.groups.split(",") if g.strip()]
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    t0 = time.perf_counter()
+    out = {"env": environment(device), "quick": args.quick, "rows": [], "transformers": {}, "eager_vs_graphs": {}}
+    log(f"device {out['env'].get('gpu', device)}; measuring copy bandwidth and the fp16 matmul rate")
+    out["copy_bandwidth_bytes_s"] = measure_copy_bandwidth(device)
+    out["matmul_flops_s"] = measure_matmul_flops(device)
+    log(f"copy {out['copy_bandwidth_bytes_s'] / 1e9:,.0f} GB/s, matmul {out['matmul_flops_s'] / 1e12:,.1f} TFLOP/s")
+    try:
+        run_rows(args, device, out)
+    finally:
+        out["seconds"] = round(time.perf_counter() - t0, 1)
+        text = table(out)
+        out["table_markdown"] = text
+        if args.out:
+            p = Path(args.out)
+            if p.suffix != ".json":
+                p.mkdir(parents=True, exist_ok=True)
+                p = p / "engine.json"
+            else:
+                p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(json.dumps(out, indent=2, default=str))
+            log(f"wrote {p}")
+        env = out["env"]
+        print(f"\ng906 engine benchmark — {env['date']}, {env.get('gpu', env['device'])}, commit {env.get('commit')}; "
+              f"copy {out['copy_bandwidth_bytes_s'] / 1e9:,.0f} GB/s, fp16 matmul "
+              f"{out['matmul_flops_s'] / 1e12:,.1f} TFLOP/s; {out['seconds']} s")
+        print(text)
+        for k, v in out["eager_vs_graphs"].items():
+            print(f"{k}: {v} tok/s (eager, for comparison)")
+        for k, v in out["transformers"].items():
+            if isinstance(v, dict):
+                print(f"transformers {k}: {json.dumps({x: v.get(x) for x in ('prefill_tok_s', 'decode_tok_s', 'fast_path', 'error') if x in v})}")
+    return 0 if all(not r.get("error") for r in out["rows"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
