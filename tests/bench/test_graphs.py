@@ -135,3 +135,55 @@ def test_graph_replay_matches_padded_eager_on_gpu():
             seq.append_token(t)
     assert graphs.num_replays == 30
     del r
+
+
+# -- through the engine (GPU): graphs vs enforce_eager over 1,000 greedy tokens -----------------
+
+GPU_SHAPE = dict(num_hidden_layers=8)       # the real 0.8B widths and vocab, fewer layers
+
+
+def _generate(loaded, enforce_eager: bool, prompts, params):
+    eng = LLMEngine(loaded, EngineConfig(max_num_seqs=8, max_model_len=1280, max_num_batched_tokens=512,
+                                         enforce_eager=enforce_eager))
+    graphs = eng.runner.graphs
+    assert graphs is not None and graphs.use_graphs == (not enforce_eager)
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        eng.add_request(f"r{i}", p, sp)
+    out = {f"r{i}": [] for i in range(len(prompts))}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            out[o.request_id] += o.new_token_ids
+    desc = graphs.describe()
+    del eng
+    torch.cuda.empty_cache()
+    return [out[f"r{i}"] for i in range(len(prompts))], desc
+
+
+@pytest.mark.gpu
+@gpu
+def test_graphs_equal_eager_over_1000_greedy_tokens():
+    from g906.bench.synthetic import build_synthetic
+
+    lm = build_synthetic("qwen3.5-0.8b", quant="f16", device="cuda", overrides=GPU_SHAPE)
+    prompt = [(37 * i + 11) % 200000 + 1000 for i in range(100)]
+    sp = SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)
+    (g,), dg = _generate(lm, False, [prompt], [sp])
+    (e,), de = _generate(lm, True, [prompt], [sp])
+    assert dg["replays"] >= 999 and de["replays"] == 0
+    assert len(g) == 1000 and g == e
+    assert len(set(g)) > 1
+
+
+@pytest.mark.gpu
+@gpu
+def test_graphs_equal_eager_batched_and_sampled():
+    from g906.bench.synthetic import build_synthetic
+
+    lm = build_synthetic("qwen3.5-0.8b", quant="q4_k", device="cuda", overrides=GPU_SHAPE)
+    prompts = [[(31 * i + 7 * j) % 200000 + 1000 for i in range(n)] for j, n in enumerate((5, 40, 130))]
+    params = [SamplingParams(temperature=0, max_tokens=300, ignore_eos=True),
+              SamplingParams(temperature=1.0, top_p=0.9, seed=3, max_tokens=250, ignore_eos=True),
+              SamplingParams(temperature=0.7, top_k=50, seed=4, max_tokens=200, ignore_eos=True)]
+    g, _ = _generate(lm, False, prompts, params)
+    e, _ = _generate(lm, True, prompts, params)
+    assert g == e
