@@ -13,6 +13,7 @@ from typing import Any
 import typer
 from rich.text import Text
 
+from g906.errors import UsageError
 from g906.cli.output import console, err_console, print_json, report_error
 
 
@@ -131,6 +132,17 @@ def validate(
             report_error(exc)
         raise typer.Exit(exc.exit_code) from None
 
+    if plan.engine_kind == "vllm":
+        problems = _vllm_problems(plan)
+        if problems:
+            err = UsageError(f"{recipe}: the installed vLLM cannot run this recipe", details=[f"  - {p}" for p in problems],
+                             hint="change the recipe, or install a vLLM that supports it")
+            if as_json:
+                print_json({"ok": False, "file": str(recipe), "errors": [{"message": p} for p in problems]})
+            else:
+                report_error(err)
+            raise typer.Exit(err.exit_code)
+
     if as_json:
         plan_json = plan.to_json()
         plan_json.pop("recipe", None)
@@ -149,6 +161,20 @@ def validate(
     console.print(_render_plan(plan))
     for w in plan.warnings:
         err_console.print(Text(w, style="yellow"), soft_wrap=True)
+
+
+def _vllm_problems(plan) -> list[str]:
+    """engine.kind = "vllm": check the plan against the installed vLLM's flags. A vLLM that is not
+    installed here is a warning (the recipe may be meant for another machine), not an error."""
+    from g906.backends.vllm import check_plan_against_vllm, detect_vllm_for_plan
+    from g906.errors import G906Error
+
+    try:
+        install = detect_vllm_for_plan(plan)
+    except G906Error as exc:
+        plan.warnings.append(f"vLLM not checked: {exc.message}")
+        return []
+    return check_plan_against_vllm(plan, install)
 
 
 def register(app: typer.Typer) -> None:
