@@ -71,22 +71,21 @@ def test_step_slices_cover_any_chunking():
         start, rows, pos_all = 0, [], []
         for n in cut:
             pos = np.arange(start, start + n)
-            p3, inject = step_inputs([_Seq(mm, start)], [n], pos, "cpu")
+            p3, idx, emb = step_inputs([_Seq(mm, start)], [n], pos, "cpu")
             full = mm.positions[:, start:start + n]
             if p3 is None:
-                assert (full == full[0]).all() and inject is None
+                assert (full == full[0]).all() and idx is None and emb is None
                 np.testing.assert_array_equal(pos, full[0])
             else:
                 np.testing.assert_array_equal(p3.numpy(), full)
-                idx, emb = inject
                 assert [ids[start + int(i)] for i in idx] == [IMG] * len(idx)
                 rows.extend(emb[:, 0].long().tolist())
             start += n
         assert rows == list(range(mm.num_image_tokens))
     # generated tokens continue at index + delta, as text
     pos = np.zeros(1, np.int64)
-    p3, inject = step_inputs([_Seq(mm, L + 3)], [1], pos, "cpu")
-    assert p3 is None and inject is None and pos[0] == L + 3 + mm.delta
+    p3, idx, emb = step_inputs([_Seq(mm, L + 3)], [1], pos, "cpu")
+    assert p3 is None and idx is None and emb is None and pos[0] == L + 3 + mm.delta
 
 
 def test_text_sequences_keep_their_positions():
@@ -95,7 +94,7 @@ def test_text_sequences_keep_their_positions():
     mm.embeds = torch.zeros(mm.num_image_tokens, 3)
     plain = _Seq(None, 10)
     pos = np.concatenate([np.arange(10, 13), np.arange(0, len(ids))])
-    p3, inject = step_inputs([plain, _Seq(mm, 0)], [3, len(ids)], pos, "cpu")
+    p3, idx, _ = step_inputs([plain, _Seq(mm, 0)], [3, len(ids)], pos, "cpu")
     np.testing.assert_array_equal(p3[:, :3].numpy(), np.tile(np.arange(10, 13), (3, 1)))
     np.testing.assert_array_equal(p3[:, 3:].numpy(), mm.positions)
-    assert inject[0].min() >= 3
+    assert idx.min() >= 3

@@ -16,13 +16,12 @@ IMAGE_PART_TYPES = ("image_url", "image", "input_image")
 
 
 def multimodal_step(x, ctx, config, rotary):
-    """Write the step's image embeddings over the image-pad token embeddings (ctx.mm_embeds =
-    (flat indices, embeddings)) and switch to this step's M-RoPE table when ctx.mrope_positions
+    """Write the step's image embeddings (ctx.mm_embeds [K, H]) over the embeddings of the tokens
+    at ctx.mm_embed_index [K], and switch to this step's M-RoPE table when ctx.mrope_positions
     ([3, T]) is set. Returns (embeddings, rotary to use)."""
-    inject = getattr(ctx, "mm_embeds", None)
-    if inject is not None:
-        index, embeds = inject
-        x = x.index_copy(0, index, embeds.to(x.dtype))
+    embeds = getattr(ctx, "mm_embeds", None)
+    if embeds is not None:
+        x = x.index_copy(0, ctx.mm_embed_index, embeds.to(x.dtype))
     if getattr(ctx, "mrope_positions", None) is not None:
         from g906.engine.layers import ops
         from g906.engine.vision.mrope import step_rotary

@@ -2,7 +2,7 @@
 
     mm = expand_prompt(ids, images, token_ids, merge)   # ids with image_pad x n per image
     ... the engine encodes the images once, at admission (mm.embeds [N, H]) ...
-    positions3, inject = step_inputs(seqs, chunks, pos)  # in the runner, per step
+    positions3, index, embeds = step_inputs(seqs, chunks, pos, device)  # the runner, per step
 
 A prompt holds, per image, vision_start, one image_pad, vision_end (the chat template writes
 them); expand_prompt repeats the image_pad to the image's token count (merged grid t*h*w).
@@ -100,17 +100,17 @@ def expand_prompt(ids: Sequence[int], images: list[PreparedImage], tok: VisionTo
 
 
 def step_inputs(seqs, chunks: Sequence[int], positions: np.ndarray, device, dtype=None
-                ) -> tuple[torch.Tensor | None, tuple[torch.Tensor, torch.Tensor] | None]:
+                ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """For one step's flat batch (sequences with .mm (MultimodalInputs or None) and
     .num_cached_tokens; chunk sizes; the 1-D positions array, changed in place):
 
     - the 1-D positions of multimodal sequences become their T stream (equal to all three for
       text tokens, so steps without image tokens run the plain rotary);
-    - returns ([3, T] positions or None when no image token is in the step,
-               (flat indices [K], embeddings [K, H]) to write over the token embeddings, or None).
+    - returns ([3, T] positions, flat indices [K], embeddings [K, H] to write over those tokens'
+      embeddings), or (None, None, None) when no image token is in the step.
     """
     if not any(getattr(s, "mm", None) is not None for s in seqs):
-        return None, None
+        return None, None, None
     total = int(sum(chunks))
     need3 = False
     rows3: list[tuple[int, np.ndarray]] = []
@@ -133,7 +133,7 @@ def step_inputs(seqs, chunks: Sequence[int], positions: np.ndarray, device, dtyp
                 emb_parts.append(mm.embeds[lo:hi])
         off += n
     if not need3:
-        return None, None
+        return None, None, None
     p = np.tile(positions[:total][None, :], (3, 1))
     for o, p3 in rows3:
         p[:, o:o + p3.shape[1]] = p3
@@ -141,4 +141,4 @@ def step_inputs(seqs, chunks: Sequence[int], positions: np.ndarray, device, dtyp
     embeds = torch.cat(emb_parts, 0) if len(emb_parts) > 1 else emb_parts[0]
     if dtype is not None:
         embeds = embeds.to(dtype)
-    return torch.from_numpy(p).to(device), (index, embeds.to(device))
+    return torch.from_numpy(p).to(device), index, embeds.to(device)
