@@ -302,6 +302,22 @@ class NullTokenizer:
         raise G906Error("a synthetic model has no tokenizer", hint="send token-id prompts")
 
 
+def _tensors_of(w) -> list[torch.Tensor]:
+    """The tensors holding a weight: a dense tensor, a QuantizedTensor's blocks, or the planes of
+    a repacked quantized weight (g906.kernels' PackedQuant)."""
+    if isinstance(w, torch.Tensor):
+        return [w]
+    planes = getattr(w, "planes", None)
+    if isinstance(planes, dict):
+        return [t for t in planes.values() if isinstance(t, torch.Tensor)]
+    data = getattr(w, "data", None)
+    return [data] if isinstance(data, torch.Tensor) else []
+
+
+def _is_weight(v) -> bool:
+    return isinstance(v, QuantizedTensor) or isinstance(getattr(v, "planes", None), dict)
+
+
 def weight_stats(model) -> dict[str, int]:
     """Resident weight bytes of a loaded model and the bytes one decode step reads.
 
@@ -310,30 +326,31 @@ def weight_stats(model) -> dict[str, int]:
     seen: set[int] = set()
     total = 0
 
-    def add(t) -> int:
-        if isinstance(t, QuantizedTensor):
-            t = t.data
-        if not isinstance(t, torch.Tensor) or t.numel() == 0:
-            return 0
-        key = t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
-        if key in seen:
-            return 0
-        seen.add(key)
-        return t.numel() * t.element_size()
+    def add(w) -> int:
+        n = 0
+        for t in _tensors_of(w):
+            if t.numel() == 0:
+                continue
+            key = t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
+            if key in seen:
+                continue
+            seen.add(key)
+            n += t.numel() * t.element_size()
+        return n
 
     for mod in model.modules():
         for t in list(mod._parameters.values()) + list(mod._buffers.values()):
             if t is not None:
                 total += add(t)
         for v in mod.__dict__.values():
-            if isinstance(v, QuantizedTensor):
+            if _is_weight(v):
                 total += add(v)
-            elif hasattr(v, "linears") and hasattr(v, "weight"):   # FusedProjections
+            elif hasattr(v, "linears") and hasattr(v, "weight") and v.weight is not None:   # FusedProjections
                 total += add(v.weight)
     emb = model.model.embed_tokens.weight
-    emb_t = emb.data if isinstance(emb, QuantizedTensor) else emb
-    emb_bytes = emb_t.numel() * emb_t.element_size()
-    row = emb_bytes // max(1, emb_t.shape[0])
+    emb_bytes = sum(t.numel() * t.element_size() for t in _tensors_of(emb))
+    rows = int(getattr(emb, "shape", (1,))[0]) or 1
+    row = emb_bytes // rows
     per_token = total - emb_bytes + row
     if model.lm_head is None:
         per_token += emb_bytes
