@@ -3,7 +3,6 @@ sets for grouped and tiled value-head orders, and quantized splits along rows an
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from g906.engine.context import ForwardContext
 from tests.engine.conftest import TinyRunner, random_prompt, rel_err
 
 TOL = 1e-5

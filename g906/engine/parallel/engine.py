@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -37,6 +38,7 @@ from g906.engine.parallel.group import Comm, abort_distributed, destroy_distribu
 from g906.engine.parallel.rules import check_tp_size
 from g906.errors import G906Error
 
+log = logging.getLogger("g906.engine")
 STARTUP_TIMEOUT_S = 300.0
 _ACTIVE: list["TPGroup"] = []
 
@@ -63,21 +65,22 @@ def load_rank(source: str, comm: Comm, *, dtype: torch.dtype, device, progress: 
 
 
 class _SyntheticSource:
-    """"synthetic:SHAPE[?quant=f16&seed=906]": random weights of a real shape (g906.bench.synthetic),
+    """"synthetic:SHAPE[?quant=f16&seed=906&FIELD=VALUE...]": random weights of a real shape (g906.bench.synthetic),
     drawn on each rank's own device from per-tensor seeds, so every rank (and a TP=1 run with
     build_synthetic) sees the same weights. For benchmarks and the multi-GPU checks."""
 
     def __init__(self, source: str, dtype: torch.dtype, device):
         from urllib.parse import parse_qsl
 
-        from g906.bench.synthetic import SEED, shape_config
+        from g906.bench.synthetic import SEED, parse_overrides, shape_config
 
         shape, _, query = source[len("synthetic:"):].partition("?")
         opts = dict(parse_qsl(query))
         self.shape = shape
-        self.quant = opts.get("quant", "f16")
-        self.seed = int(opts.get("seed", SEED))
-        self._config = shape_config(shape)
+        self.quant = opts.pop("quant", "f16")
+        self.seed = int(opts.pop("seed", SEED))
+        overrides = parse_overrides([f"{k}={v}" for k, v in opts.items()])
+        self._config = shape_config(shape, overrides)
         self.dtype, self.device = dtype, torch.device(device)
         self.info = {"synthetic": True, "shape": shape, "quant": self.quant, "seed": self.seed}
 
@@ -289,10 +292,15 @@ class TPGroup:
                 self.channel.send("shutdown")
             except Exception:  # noqa: BLE001
                 healthy = False
+        deadline = time.monotonic() + (timeout if healthy else 1.0)
+        if healthy:                      # let them finish the shutdown command before the EOF
+            for w in self.workers:
+                with w.cond:
+                    while w.last("stopped") is None and w.exited is None and time.monotonic() < deadline:
+                        w.cond.wait(0.1)
         for w in self.workers:
             with contextlib.suppress(OSError):
                 w.proc.stdin.close()
-        deadline = time.monotonic() + (timeout if healthy else 1.0)
         for w in self.workers:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 w.proc.wait(max(0.0, deadline - time.monotonic()))
@@ -396,6 +404,26 @@ class TPModel(nn.Module):
         self.group.close()
 
 
+def _share_cpu_threads(tp: int) -> None:
+    """CPU ranks share the host's cores: each gets its share of this process's intra-op threads
+    (G906_TP_THREADS sets the per-rank count). Oversubscribed OpenMP threads spin against each
+    other and make every collective wait (10x slower steps were seen with 2 ranks x 2 threads
+    on 2 cores)."""
+    raw = os.environ.get("G906_TP_THREADS")
+    if raw:
+        try:
+            n = int(raw)
+            if n < 1:
+                raise ValueError
+        except ValueError:
+            raise G906Error(f"G906_TP_THREADS={raw!r} is not a positive number of threads") from None
+    else:
+        n = max(1, torch.get_num_threads() // tp)
+    if n != torch.get_num_threads():
+        log.info("tensor parallel on the CPU: %d intra-op thread(s) per rank", n)
+        torch.set_num_threads(n)
+
+
 def _devices(tp: int, device, devices) -> list[torch.device]:
     from g906.engine.loader import default_device
 
@@ -441,6 +469,8 @@ def load_model_tp(source: str, *, tensor_parallel_size: int, dtype="auto", devic
         src, fmt = open_source(source)
     config = src.config()
     check_tp_size(config, tp)
+    if devs[0].type == "cpu":
+        _share_cpu_threads(tp)
     t0 = time.perf_counter()
     group = TPGroup(tp, devs)
     try:
