@@ -351,7 +351,11 @@ def _close_all() -> None:
 
 class TPModel(nn.Module):
     """Rank 0's model: Qwen35ForCausalLM's interface (forward, compute_logits, bind_cache,
-    config, dtype, device); each call is sent to the workers first, then computed here."""
+    config, dtype, device); each call is sent to the workers first, then computed here.
+    Steps run eagerly: decode graphs cannot replay the host-side control messages
+    (supports_cuda_graphs is False)."""
+
+    supports_cuda_graphs = False
 
     def __init__(self, model, group: TPGroup):
         super().__init__()
@@ -370,6 +374,9 @@ class TPModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx, **kwargs) -> torch.Tensor:
         from g906.engine.parallel.channel import split_fields
 
+        if input_ids.is_cuda and torch.cuda.is_current_stream_capturing():
+            raise G906Error("a tensor-parallel step cannot be captured in a CUDA/HIP graph (its control messages "
+                            "run on the host)", hint="run tensor-parallel engines eagerly (engine.enforce_eager)")
         meta, tensors = split_fields(ctx, "ctx.")
         plain = {k: v for k, v in kwargs.items() if not isinstance(v, torch.Tensor)}
         tensors.update({f"kw.{k}": v for k, v in kwargs.items() if isinstance(v, torch.Tensor)})
