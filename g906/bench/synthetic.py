@@ -223,64 +223,81 @@ def _gen(name: str, seed: int, device: torch.device) -> torch.Generator:
     return g
 
 
+def tensor_specs(config: ModelConfig) -> Iterator[tuple[str, str, tuple[int, ...]]]:
+    """(HF name, kind, shape) of every tensor of a Qwen3.5 text model, in checkpoint order.
+
+    kind: "mat" (a 2-D matrix, maybe quantized), "zc_norm" (zero-centred norm weight),
+    "norm" (plain norm weight, ~1), "conv" (conv1d [C, 1, K]), "dt_bias", "A_log"."""
+    c = config
+    H, I = c.hidden_size, c.intermediate_size
+    nk, nv, dk, dv = (c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
+                      c.linear_value_head_dim)
+    yield "model.embed_tokens.weight", "mat", (c.vocab_size, H)
+    for i, kind in enumerate(c.layer_types):
+        p = f"model.layers.{i}."
+        yield p + "input_layernorm.weight", "zc_norm", (H,)
+        if kind == "linear_attention":
+            conv = 2 * nk * dk + nv * dv
+            yield p + "linear_attn.in_proj_qkv.weight", "mat", (conv, H)
+            yield p + "linear_attn.in_proj_z.weight", "mat", (nv * dv, H)
+            yield p + "linear_attn.in_proj_b.weight", "mat", (nv, H)
+            yield p + "linear_attn.in_proj_a.weight", "mat", (nv, H)
+            yield p + "linear_attn.conv1d.weight", "conv", (conv, 1, c.linear_conv_kernel_dim)
+            yield p + "linear_attn.dt_bias", "dt_bias", (nv,)
+            yield p + "linear_attn.A_log", "A_log", (nv,)
+            yield p + "linear_attn.norm.weight", "norm", (dv,)
+            yield p + "linear_attn.out_proj.weight", "mat", (H, nv * dv)
+        else:
+            nh, nkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+            yield p + "self_attn.q_proj.weight", "mat", (2 * nh * hd, H)
+            yield p + "self_attn.k_proj.weight", "mat", (nkv * hd, H)
+            yield p + "self_attn.v_proj.weight", "mat", (nkv * hd, H)
+            yield p + "self_attn.o_proj.weight", "mat", (H, nh * hd)
+            yield p + "self_attn.q_norm.weight", "zc_norm", (hd,)
+            yield p + "self_attn.k_norm.weight", "zc_norm", (hd,)
+        yield p + "post_attention_layernorm.weight", "zc_norm", (H,)
+        yield p + "mlp.gate_proj.weight", "mat", (I, H)
+        yield p + "mlp.up_proj.weight", "mat", (I, H)
+        yield p + "mlp.down_proj.weight", "mat", (H, I)
+    yield "model.norm.weight", "zc_norm", (H,)
+    if not c.tie_word_embeddings:
+        yield "lm_head.weight", "mat", (c.vocab_size, H)
+
+
+def make_tensor(name: str, kind: str, shape: tuple[int, ...], qtype: str | None, *, dtype: torch.dtype,
+                device, seed: int = SEED) -> torch.Tensor | QuantizedTensor:
+    """One synthetic tensor (deterministic in name and seed)."""
+    dev = torch.device(device)
+    g = _gen(name, seed, dev)
+    if kind == "mat":
+        rows, cols = shape
+        if qtype is None:
+            w = torch.randn(rows, cols, generator=g, device=dev, dtype=dtype)
+            return w.mul_(1.0 / math.sqrt(cols))
+        return QuantizedTensor(random_blocks(qtype, rows, cols, g=g, device=dev), qtype, (rows, cols))
+    if kind == "zc_norm":
+        return torch.randn(shape, generator=g, device=dev).mul_(0.1)
+    if kind == "norm":
+        return torch.randn(shape, generator=g, device=dev).mul_(0.1).add_(1.0)
+    if kind == "dt_bias":
+        return torch.randn(shape, generator=g, device=dev).mul_(0.1).add_(1.0)
+    if kind == "A_log":
+        return torch.log1p(15.0 * torch.rand(shape, generator=g, device=dev))
+    if kind == "conv":
+        return (torch.randn(shape, generator=g, device=dev) * 0.5).to(dtype)
+    raise G906Error(f"unknown synthetic tensor kind {kind!r}")
+
+
 def synthetic_weights(config: ModelConfig, *, quant: str = "f16", dtype: torch.dtype = torch.float16,
                       device="cpu", seed: int = SEED) -> Iterator[tuple[str, torch.Tensor | QuantizedTensor]]:
     """(HF name, tensor) pairs of a random Qwen3.5 model of this config, made on `device`.
 
     Dense tensors come in `dtype` (norm weights, A_log, dt_bias in float32 as in checkpoints);
     2-D matrices are QuantizedTensors where the quant plan says so."""
-    dev = torch.device(device)
     plan = QuantPlan(quant, config)
-    c = config
-
-    def mat(name: str, rows: int, cols: int):
-        g = _gen(name, seed, dev)
-        qt = plan.qtype(name, cols)
-        if qt is None:
-            w = torch.randn(rows, cols, generator=g, device=dev, dtype=torch.float32 if dtype == torch.float32 else dtype)
-            return w.mul_(1.0 / math.sqrt(cols))
-        return QuantizedTensor(random_blocks(qt, rows, cols, g=g, device=dev), qt, (rows, cols))
-
-    def vec(name: str, n: int, mean: float, spread: float):
-        g = _gen(name, seed, dev)
-        return torch.randn(n, generator=g, device=dev).mul_(spread).add_(mean)
-
-    H, I = c.hidden_size, c.intermediate_size
-    yield "model.embed_tokens.weight", mat("model.embed_tokens.weight", c.vocab_size, H)
-    nk, nv, dk, dv = (c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
-                      c.linear_value_head_dim)
-    for i, kind in enumerate(c.layer_types):
-        p = f"model.layers.{i}."
-        yield p + "input_layernorm.weight", vec(p + "input_layernorm.weight", H, 0.0, 0.1)
-        if kind == "linear_attention":
-            conv = 2 * nk * dk + nv * dv
-            yield p + "linear_attn.in_proj_qkv.weight", mat(p + "linear_attn.in_proj_qkv.weight", conv, H)
-            yield p + "linear_attn.in_proj_z.weight", mat(p + "linear_attn.in_proj_z.weight", nv * dv, H)
-            yield p + "linear_attn.in_proj_b.weight", mat(p + "linear_attn.in_proj_b.weight", nv, H)
-            yield p + "linear_attn.in_proj_a.weight", mat(p + "linear_attn.in_proj_a.weight", nv, H)
-            g = _gen(p + "conv1d", seed, dev)
-            yield p + "linear_attn.conv1d.weight", (torch.randn(conv, 1, c.linear_conv_kernel_dim, generator=g,
-                                                                device=dev) * 0.5).to(dtype)
-            yield p + "linear_attn.dt_bias", vec(p + "dt_bias", nv, 1.0, 0.1)
-            g = _gen(p + "A_log", seed, dev)
-            yield p + "linear_attn.A_log", torch.log1p(15.0 * torch.rand(nv, generator=g, device=dev))
-            yield p + "linear_attn.norm.weight", vec(p + "linear_attn.norm.weight", dv, 1.0, 0.1)
-            yield p + "linear_attn.out_proj.weight", mat(p + "linear_attn.out_proj.weight", H, nv * dv)
-        else:
-            nh, nkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
-            yield p + "self_attn.q_proj.weight", mat(p + "self_attn.q_proj.weight", 2 * nh * hd, H)
-            yield p + "self_attn.k_proj.weight", mat(p + "self_attn.k_proj.weight", nkv * hd, H)
-            yield p + "self_attn.v_proj.weight", mat(p + "self_attn.v_proj.weight", nkv * hd, H)
-            yield p + "self_attn.o_proj.weight", mat(p + "self_attn.o_proj.weight", H, nh * hd)
-            yield p + "self_attn.q_norm.weight", vec(p + "q_norm", hd, 0.0, 0.1)
-            yield p + "self_attn.k_norm.weight", vec(p + "k_norm", hd, 0.0, 0.1)
-        yield p + "post_attention_layernorm.weight", vec(p + "post_attention_layernorm.weight", H, 0.0, 0.1)
-        yield p + "mlp.gate_proj.weight", mat(p + "mlp.gate_proj.weight", I, H)
-        yield p + "mlp.up_proj.weight", mat(p + "mlp.up_proj.weight", I, H)
-        yield p + "mlp.down_proj.weight", mat(p + "mlp.down_proj.weight", H, I)
-    yield "model.norm.weight", vec("model.norm.weight", H, 0.0, 0.1)
-    if not c.tie_word_embeddings:
-        yield "lm_head.weight", mat("lm_head.weight", c.vocab_size, H)
+    for name, kind, shape in tensor_specs(config):
+        qt = plan.qtype(name, shape[1]) if kind == "mat" else None
+        yield name, make_tensor(name, kind, shape, qt, dtype=dtype, device=device, seed=seed)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,12 +32,26 @@ def _progress(enabled: bool, total: int, label: str):
 def run_bench(*, model, recipe, shape, quant, overrides, url, served_model, api_key, prompt_mode, vocab,
               num_requests, prompt_len, output_len, concurrency, request_rate, ignore_eos, temperature, seed,
               dtype, device, enforce_eager, max_num_seqs, max_model_len, max_num_batched_tokens,
-              gpu_memory_utilization, num_kv_blocks, as_json, no_progress, measure_bandwidth) -> int:
+              gpu_memory_utilization, num_kv_blocks, as_json, no_progress, measure_bandwidth,
+              write_gguf=None) -> int:
     from g906.bench.metrics import LengthSpec, Workload
 
     wl = Workload(num_requests=num_requests, prompt_len=LengthSpec.parse(prompt_len, "--prompt-len"),
                   output_len=LengthSpec.parse(output_len, "--output-len"), concurrency=concurrency,
                   request_rate=request_rate, ignore_eos=ignore_eos, temperature=temperature, seed=seed)
+    if write_gguf:
+        if not shape:
+            raise UsageError("--write-gguf writes a synthetic model: give --shape (and --quant)")
+        from g906.bench.gguf_out import write_synthetic_gguf
+        from g906.bench.synthetic import parse_overrides
+
+        info = write_synthetic_gguf(shape, quant, write_gguf, overrides=parse_overrides(overrides), seed=seed)
+        if as_json:
+            print_json(info)
+        else:
+            console.print(f"wrote {info['path']} ({info['bytes'] / 1e9:.2f} GB, {info['tensors']} tensors): "
+                          f"{shape} {quant}, random weights")
+        return 0
     if url:
         if model or recipe or shape:
             raise UsageError("--url benchmarks a running server: leave out --model, --recipe and --shape")
@@ -120,6 +134,7 @@ def register(app: typer.Typer) -> None:
         gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", min=0.05, max=0.99),
         num_kv_blocks: int | None = typer.Option(None, "--num-kv-blocks", min=1),
         measure_bandwidth: bool = typer.Option(True, "--bandwidth/--no-bandwidth", help="Offline: measure copy bandwidth for the % of limit."),
+        write_gguf: str | None = typer.Option(None, "--write-gguf", help="Tool mode: write the --shape/--quant model as a GGUF file (for llama.cpp) and exit."),
         no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     ) -> None:
@@ -132,4 +147,4 @@ def register(app: typer.Typer) -> None:
             device=device, enforce_eager=enforce_eager, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
             max_num_batched_tokens=max_num_batched_tokens, gpu_memory_utilization=gpu_memory_utilization,
             num_kv_blocks=num_kv_blocks, as_json=as_json, no_progress=no_progress,
-            measure_bandwidth=measure_bandwidth))
+            measure_bandwidth=measure_bandwidth, write_gguf=write_gguf))

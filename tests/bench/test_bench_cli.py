@@ -143,3 +143,25 @@ def test_online_counts_match_the_openai_client(served):
     res = run_online(served.url, Workload(num_requests=1, prompt_len=LengthSpec(20, 20),
                                           output_len=LengthSpec(7, 7)), vocab=500, warm=False)
     assert res["output_tokens"] == 7
+
+
+def test_write_gguf_then_bench_the_file(tmp_path):
+    path = tmp_path / "tiny-q4k.gguf"
+    r = _bench(["--shape", "qwen3.5-9b", *SMALL, "--quant", "q4_k", "--write-gguf", str(path), "--json"])
+    assert r.exit_code == 0, r.output
+    info = json.loads(r.stdout[r.stdout.index("{"):])
+    assert info["bytes"] == path.stat().st_size and info["tensors"] > 0
+    import gguf
+
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+    assert types["output.weight"] == "Q6_K" and types["blk.3.ffn_down.weight"] == "Q6_K"
+    assert types["blk.0.attn_qkv.weight"] == "Q5_K" and types["blk.1.ffn_gate.weight"] == "Q4_K"
+    assert types["blk.0.ssm_conv1d.weight"] == "F32" and types["output_norm.weight"] == "F32"
+    r = _bench(["--model", str(path), "-n", "2", "-c", "1", "--prompt-len", "16", "--output-len", "4",
+                "--json", "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout[r.stdout.index("{"):])
+    _check(res, 2, 4)
+    assert res["bandwidth"]["bytes_per_token"] > 0
+    r = _bench(["--model", "builtin:tiny-qwen35", "--write-gguf", str(tmp_path / "x.gguf")])
+    assert r.exit_code != 0
