@@ -3,11 +3,12 @@ outputs as TP=1 under batching, chunked prefill, sampling and logprobs."""
 
 from __future__ import annotations
 
-
 import pytest
+import torch
 
 from g906.engine.llm_engine import EngineConfig, LLMEngine
 from g906.engine.sampling_params import SamplingParams
+from g906.errors import G906Error
 
 SOURCE = "builtin:tiny-qwen35"
 GREEDY = dict(temperature=0.0, ignore_eos=True)
@@ -34,7 +35,13 @@ def tp_engine():
 
     loaded = load_model_tp(SOURCE, tensor_parallel_size=2, device="cpu", progress=False)
     yield LLMEngine(loaded, engine_config())
+    # close() is clean (the worker finishes the shutdown command, exit status 0) and idempotent
+    (w,) = loaded.model.group.workers
     loaded.model.close()
+    loaded.model.close()
+    assert w.proc.returncode == 0 and w.last("stopped") is not None
+    with pytest.raises(G906Error, match="closed"):
+        loaded.model.compute_logits(torch.zeros(1, 64))
 
 
 def test_engine_outputs_equal_tp1(tp_engine):
