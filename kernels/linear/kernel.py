@@ -344,18 +344,23 @@ PQ_E = {"Q8_0": 4, "Q4_0": 8, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8}      # elements p
 
 
 @triton.jit
-def _pq_field(words, hi, J: tl.constexpr, QT: tl.constexpr):
-    """Field J of every word as a float in [1, 2) (Q5_K/Q6_K: low + c * high part)."""
-    if QT == 0:  # int8: flip the sign bit (q + 128) and put 8 bits under the exponent
-        f = ((((words >> (8 * J)) & 255) ^ 128) << 15) | 0x3F800000     # 1 + (q + 128) / 256
+def _pq_field(words, hi, J: tl.constexpr, QT: tl.constexpr, one):
+    """Field J of every word (Q5_K/Q6_K: with its high bits) as a float in [1, 2).
+    `one` = 0x3F800000 (1.0f) passed at run time, so the mask and the exponent fold into a
+    single and-or (LOP3 on NVIDIA, v_and_or_b32 on gfx9) instead of two immediates."""
+    if QT == 0:  # int8: q + 128 (sign bit flipped) as 8 bits under the exponent
+        m8 = one ^ (128 << 15)
+        f = (((words >> (8 * J)) << 15) & (255 << 15)) ^ m8             # 1 + (q + 128) / 256
         return f.to(tl.float32, bitcast=True)
-    f = ((((words >> (4 * J)) & 15) << 19) | 0x3F800000).to(tl.float32, bitcast=True)
-    if QT == 3:  # one high bit: 1 + q_hi / 2
-        g = ((((hi >> J) & 1) << 22) | 0x3F800000).to(tl.float32, bitcast=True)
-        f = f + 2.0 * g
-    if QT == 4:  # two high bits: 1 + q_hi / 4
-        g = ((((hi >> (2 * J)) & 3) << 21) | 0x3F800000).to(tl.float32, bitcast=True)
-        f = f + 4.0 * g
+    if QT == 3:  # 5 bits (low nibble | high bit << 4) under the exponent: 1 + q / 32
+        h = ((hi >> J) << 22) & (1 << 22)
+        f = (((words >> (4 * J)) << 18) & (15 << 18)) | h | one
+    elif QT == 4:  # 6 bits (low nibble | 2 high bits << 4): 1 + q / 64
+        h = ((hi >> (2 * J)) << 21) & (3 << 21)
+        f = (((words >> (4 * J)) << 17) & (15 << 17)) | h | one
+    else:  # 4 bits: 1 + q / 16
+        f = (((words >> (4 * J)) << 19) & (15 << 19)) | one
+    f = f.to(tl.float32, bitcast=True)
     return f
 
 
@@ -371,66 +376,70 @@ def _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT: tl.constexpr, HALF: tl.cons
         d = tl.load(a_ptr + n2 * sa + (k0 // 32 + v2)).to(tl.float32)
         A = 16.0 * d
         B = -24.0 * d
-    elif QT == 2 or QT == 3:  # d*sc*q - dmin*m; Q4_K q = 16 f - 16, Q5_K q = 16 f - 48
+    elif QT == 2 or QT == 3:  # d*sc*q - dmin*m; Q4_K q = 16 f - 16, Q5_K q = 32 f - 32
         dm = tl.load(a_ptr + n2 * sa + (k0 + v2 * 32) // 256)
         d = (dm & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
         dmin = ((dm >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
         scm = tl.load(b_ptr + n2 * sb + (k0 // 32 + v2)).to(tl.int32)
         ds = d * (scm & 255).to(tl.float32)
-        A = 16.0 * ds
         if QT == 2:
+            A = 16.0 * ds
             B = -16.0 * ds - dmin * (scm >> 8).to(tl.float32)
         else:
-            B = -48.0 * ds - dmin * (scm >> 8).to(tl.float32)
-    else:          # Q6_K: q - 32 = 16 f - 112, one int8 scale per 16 elements
+            A = 32.0 * ds
+            B = -32.0 * ds - dmin * (scm >> 8).to(tl.float32)
+    else:          # Q6_K: q - 32 = 64 f - 96, one int8 scale per 16 elements
         sc = tl.load(a_ptr + n2 * sa + (k0 // 16 + 2 * v2 + HALF)).to(tl.float32)
         d = tl.load(b_ptr + n2 * sb + (k0 + v2 * 32) // 256).to(tl.float32)
         ds = d * sc
-        A = 16.0 * ds
-        B = -112.0 * ds
+        A = 64.0 * ds
+        B = -96.0 * ds
     return A, B
 
 
 @triton.jit
 def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, sq, sh, sa, sb,
-                    so, so_split, kw_len,
+                    so, so_split, kw_len, one,
                     QT: tl.constexpr, E: tl.constexpr, H: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr):
     """out[t, n] (or split-K partial pid_k) = x[t] . w[n] over words [pid_k * kw_len, +kw_len).
 
-    H = threads per program, so the [BLOCK_T, BLOCK_N, H, 4] tiles put every thread on H and
-    keep rows and tokens in registers: the activations a thread loads and converts serve all
-    its rows, and the words and activations share one layout (no shuffles)."""
+    H = threads per program. Tiles are [H, BLOCK_T, BLOCK_N, 4] with the vector axis first,
+    so Triton puts every thread on it and keeps tokens, rows and the 4 words of a vector in
+    registers: the activations a thread loads and converts serve all its rows, words and
+    activations share one layout, and nothing crosses threads until after the loop."""
     EV: tl.constexpr = 4 * E
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     nn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = nn < N
     nc = tl.where(nmask, nn, 0).to(tl.int64)          # clamp: rows past N read row 0
-    n3 = nc[:, None, None]
-    n2 = nc[:, None]
     v = tl.arange(0, H)
-    v3 = v[None, :, None]
-    v2 = v[None, :]
-    w3 = tl.arange(0, 4)[None, None, :]
+    v3 = v[:, None, None]                             # [H, 1, 1]
+    n3 = nc[None, :, None]                            # [1, BN, 1]
+    w3 = tl.arange(0, 4)[None, None, :]               # [1, 1, 4]
+    v2 = v[:, None]                                   # [H, 1]
+    n2 = nc[None, :]                                  # [1, BN]
     tt = tl.arange(0, BLOCK_T)
-    t4 = tt[:, None, None, None]
-    xoff = v3[None] * EV + w3[None]                   # [1, 1, H, 4]: field 0 of each word
+    t4 = tt[None, :, None, None]                      # [1, BT, 1, 1]
+    xoff = v3[:, None] * EV + w3[:, None]             # [H, 1, 1, 4]: field 0 of each word
     xrow = x_ptr + t4.to(tl.int64) * sx
     tm = t4 < T
-    acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
+    acc = tl.zeros([H, BLOCK_T, BLOCK_N], tl.float32)
     kwbeg = pid_k * kw_len
     kwend = tl.minimum(kwbeg + kw_len, KW)
     for kw in range(kwbeg, kwbeg + kw_len, H * 4):
         k0 = kw * E
         wptr = qs_ptr + n3 * sq + (kw + v3 * 4 + w3)
         if EVEN:
-            words = tl.load(wptr)                                           # [BN, H, 4] int32
+            words = tl.load(wptr)                                           # [H, BN, 4] int32
             xm = tm
+            vs = v2
         else:
             vm3 = (kw + v3 * 4) < kwend
             words = tl.load(wptr, mask=vm3, other=0)
-            xm = tm & vm3[None]
+            xm = tm & vm3[:, None]
+            vs = tl.where(kw + v2 * 4 < kwend, v2, 0)  # masked vectors' terms are 0 anyway
         if QT == 3 or QT == 4:
             hptr = qh_ptr + n3 * sh + (kw * E // 8 + v3 * 4 + w3)
             if EVEN:
@@ -439,18 +448,14 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
                 hi = tl.load(hptr, mask=vm3, other=0).to(tl.int32)
         else:
             hi = words
-        if EVEN:
-            vs = v2
-        else:  # scales of masked vectors: any valid index (their terms are 0)
-            vs = tl.where(kw + v2 * 4 < kwend, v2, 0)
         if QT == 4:  # fields 0-3 and 4-7 have their own scales
-            p0 = tl.zeros([BLOCK_T, BLOCK_N, H, 4], tl.float32)
-            p1 = tl.zeros([BLOCK_T, BLOCK_N, H, 4], tl.float32)
-            x0 = tl.zeros([BLOCK_T, 1, H, 4], tl.float32)
-            x1 = tl.zeros([BLOCK_T, 1, H, 4], tl.float32)
+            p0 = tl.zeros([H, BLOCK_T, BLOCK_N, 4], tl.float32)
+            p1 = tl.zeros([H, BLOCK_T, BLOCK_N, 4], tl.float32)
+            x0 = tl.zeros([H, BLOCK_T, 1, 4], tl.float32)
+            x1 = tl.zeros([H, BLOCK_T, 1, 4], tl.float32)
             for j in tl.static_range(E):
                 xj = tl.load(xrow + k0 + xoff + 4 * j, mask=xm, other=0.0).to(tl.float32)
-                fj = _pq_field(words, hi, j, QT)[None]
+                fj = _pq_field(words, hi, j, QT, one)[:, None]
                 if j < 4:
                     p0 += fj * xj
                     x0 += xj
@@ -459,26 +464,25 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
                     x1 += xj
             A0, B0 = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, vs, QT, 0)
             A1, B1 = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, vs, QT, 1)
-            c = (A0[None] * tl.sum(p0, axis=3) + B0[None] * tl.sum(x0, axis=3)
-                 + A1[None] * tl.sum(p1, axis=3) + B1[None] * tl.sum(x1, axis=3))
+            acc += (A0[:, None] * tl.sum(p0, axis=3) + B0[:, None] * tl.sum(x0, axis=3)
+                    + A1[:, None] * tl.sum(p1, axis=3) + B1[:, None] * tl.sum(x1, axis=3))
         else:
-            p = tl.zeros([BLOCK_T, BLOCK_N, H, 4], tl.float32)
-            xs = tl.zeros([BLOCK_T, 1, H, 4], tl.float32)
+            p = tl.zeros([H, BLOCK_T, BLOCK_N, 4], tl.float32)
+            xs = tl.zeros([H, BLOCK_T, 1, 4], tl.float32)
             for j in tl.static_range(E):
                 xj = tl.load(xrow + k0 + xoff + 4 * j, mask=xm, other=0.0).to(tl.float32)
-                p += _pq_field(words, hi, j, QT)[None] * xj
+                p += _pq_field(words, hi, j, QT, one)[:, None] * xj
                 xs += xj
             A, B = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, vs, QT, 0)
-            c = A[None] * tl.sum(p, axis=3) + B[None] * tl.sum(xs, axis=3)
-        # masked vectors: x = 0 there, so S = X = 0 and c = 0 whatever the (clamped) scales
-        acc += tl.sum(c, axis=2)
+            acc += A[:, None] * tl.sum(p, axis=3) + B[:, None] * tl.sum(xs, axis=3)
+    res = tl.sum(acc, axis=0)                                               # [BT, BN]
     optr = out_ptr + pid_k * so_split + tt[:, None] * so + nn[None, :]
-    tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=(tt[:, None] < T) & nmask[None, :])
+    tl.store(optr, res.to(out_ptr.dtype.element_ty), mask=(tt[:, None] < T) & nmask[None, :])
 
 
 @triton.jit
 def _pq_gemm_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, M, N, K, sx, sq, sh, sa, sb,
-                    so, QT: tl.constexpr, E: tl.constexpr, H: tl.constexpr,
+                    so, one, QT: tl.constexpr, E: tl.constexpr, H: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP32: tl.constexpr):
     """Prefill: per field j, the [BN, 4H] weights (w = A f + B) times the matching [BM, 4H]
     activations with tl.dot (any order of the K terms gives the same sum)."""
@@ -511,7 +515,7 @@ def _pq_gemm_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, M, N, K, sx, s
         else:
             A1, B1 = A, B
         for j in tl.static_range(E):
-            f = _pq_field(words, hi, j, QT)
+            f = _pq_field(words, hi, j, QT, one)
             if j < 4 or QT != 4:
                 w = f * A[:, :, None] + B[:, :, None]
             else:
@@ -591,7 +595,7 @@ def packed_matmul(x, pw, **cfg):
             so_split = T * N
         _pq_gemv_kernel[(triton.cdiv(N, BN), split)](
             x, qs, qh, a, b, dst, N, T, KW, x.stride(0), qs.stride(0), qh.stride(0),
-            a.stride(0), b.stride(0), dst.stride(-2), so_split, kw_len,
+            a.stride(0), b.stride(0), dst.stride(-2), so_split, kw_len, 0x3F800000,
             QT=QT, E=E, H=H, BLOCK_N=BN, BLOCK_T=bt, EVEN=even, num_warps=warps)
         if split > 1:
             torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
@@ -604,6 +608,6 @@ def packed_matmul(x, pw, **cfg):
     assert K % (H * 4 * E) == 0
     _pq_gemm_kernel[(triton.cdiv(T, block_m), triton.cdiv(N, block_n))](
         x, qs, qh, a, b, out, T, N, K, x.stride(0), qs.stride(0), qh.stride(0), a.stride(0),
-        b.stride(0), out.stride(0), QT=QT, E=E, H=H, BLOCK_M=block_m,
+        b.stride(0), out.stride(0), 0x3F800000, QT=QT, E=E, H=H, BLOCK_M=block_m,
         BLOCK_N=block_n, FP32=x.dtype == torch.float32, num_warps=warps)
     return out

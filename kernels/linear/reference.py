@@ -108,5 +108,8 @@ def linear(x, weight):
         if x.device.type == "cpu" and x.dtype != torch.float32:
             return (x.float() @ weight.float().t()).to(x.dtype)
         return x @ weight.to(x.dtype).t()
-    w = dequantize(weight.data, weight.qtype, weight.shape)
+    if getattr(weight, "planes", None) is not None:  # PackedQuant (repack.py): exact decode
+        w = weight.dequantize()
+    else:
+        w = dequantize(weight.data, weight.qtype, weight.shape)
     return (x.float() @ w.t()).to(x.dtype)
