@@ -148,5 +148,17 @@ def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, cu_seqlens, ssm_stat
 
 
 def linear(x, weight):
-    """x [T, in] @ weight^T: weight dense [out, in] or a QuantizedTensor (GGUF blocks)."""
+    """x [T, in] @ weight^T: weight dense [out, in], a QuantizedTensor (GGUF blocks) or the
+    PackedQuant that prepare_linear_weight made of one."""
     return registry.dispatch("linear", x, weight)
+
+
+def prepare_linear_weight(weight):
+    """Once, at load time: a QuantizedTensor on a GPU becomes a PackedQuant (aligned planes the
+    dequant-GEMV reads with 16-byte loads; kernels/linear/repack.py); anything else (CPU,
+    dense, types or shapes without a packed layout, G906_KERNELS=reference) is returned as is."""
+    from .linear import repack
+
+    if registry.mode() == "reference":
+        return weight
+    return repack.prepare(weight)
