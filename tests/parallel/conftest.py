@@ -30,13 +30,16 @@ def tp_hf_model():
 
 @pytest.fixture(scope="session")
 def tp_sources(tp_hf_model, tmp_path_factory):
-    """{"hf": dir, "gguf-f32": file, "gguf-q8_0": file} of the same weights."""
+    """{"hf": dir, "gguf-f32": file, "gguf-q8_0": file} of the same weights, and "hf-tied-509":
+    a model with a tied LM head and a vocabulary of 509 (odd: the ranks' shares differ)."""
     from tests.engine.gguf_writer import write_gguf
 
     d = tmp_path_factory.mktemp("tp-models")
     tp_hf_model.save_pretrained(d / "hf")
+    build_tiny_qwen35(seed=4, tie_word_embeddings=True, vocab_size=509, eos_token_id=508).save_pretrained(d / "tied")
     return {
         "hf": str(d / "hf"),
+        "hf-tied-509": str(d / "tied"),
         "gguf-f32": str(write_gguf(tp_hf_model, d / "tiny-F32.gguf", qtype="F32")[0]),
         "gguf-q8_0": str(write_gguf(tp_hf_model, d / "tiny-Q8_0.gguf", qtype="Q8_0", strict=True)[0]),
     }

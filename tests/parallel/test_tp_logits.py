@@ -13,7 +13,7 @@ from tests.engine.conftest import TinyRunner, random_prompt, rel_err
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module", params=["hf", "gguf-f32", "gguf-q8_0"])
+@pytest.fixture(scope="module", params=["hf", "gguf-f32", "gguf-q8_0", "hf-tied-509"])
 def pair(request, tp_sources):
     from g906.engine.loader import load_model
     from g906.engine.parallel import load_model_tp
@@ -24,6 +24,10 @@ def pair(request, tp_sources):
     yield request.param, ref, tp
     tp.model.close()
     assert all(w.proc.poll() is not None for w in tp.model.group.workers)
+
+
+def prompt(n: int, seed: int, vocab: int) -> list[int]:
+    return [t % vocab for t in random_prompt(n, seed)]
 
 
 def all_logits(runner: TinyRunner, seqs, tokens) -> torch.Tensor:
@@ -48,12 +52,16 @@ def test_shapes_and_info(pair):
     assert tp.config.vocab_size == ref.config.vocab_size
     if fmt == "gguf-q8_0":
         assert tp.info["quantized_tensors"] > 0
+    if fmt == "hf-tied-509":                      # rows 0..254 and 255..508 of the tied table
+        assert tp.model.inner.lm_head is None
+        assert tp.model.inner.model.embed_tokens.weight.shape[0] == 255
     assert tp.info["weight_bytes"] < ref.info["weight_bytes"]
 
 
 def test_prefill_logits_match(pair):
     _, ref, tp = pair
-    prompts = [random_prompt(37, 1), random_prompt(70, 2)]
+    v = ref.config.vocab_size
+    prompts = [prompt(37, 1, v), prompt(70, 2, v)]
     a = all_logits(TinyRunner(ref.model, max_seqs=2), [0, 1], prompts)
     b = all_logits(TinyRunner(tp.model, max_seqs=2), [0, 1], prompts)
     assert b.shape == a.shape == (107, ref.config.vocab_size)
@@ -63,10 +71,10 @@ def test_prefill_logits_match(pair):
 def test_chunked_prefill_and_decode_logits_match(pair):
     _, ref, tp = pair
     r1, r2 = TinyRunner(ref.model, max_seqs=2), TinyRunner(tp.model, max_seqs=2)
-    prompt = random_prompt(45, 3)
+    p = prompt(45, 3, ref.config.vocab_size)
     for i in range(0, 45, 16):
-        a = r1.step([1], [prompt[i:i + 16]])
-        b = r2.step([1], [prompt[i:i + 16]])
+        a = r1.step([1], [p[i:i + 16]])
+        b = r2.step([1], [p[i:i + 16]])
         assert rel_err(b, a) < TOL
     for _ in range(6):
         tok = int(a[0].argmax())
@@ -79,5 +87,5 @@ def test_greedy_outputs_identical(pair):
     _, ref, tp = pair
     r1, r2 = TinyRunner(ref.model, max_seqs=2), TinyRunner(tp.model, max_seqs=2)
     for seed in (4, 5):
-        p = random_prompt(20 + seed, seed)
+        p = prompt(20 + seed, seed, ref.config.vocab_size)
         assert r2.greedy(0, p, 12) == r1.greedy(0, p, 12)
