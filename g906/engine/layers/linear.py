@@ -9,6 +9,16 @@ from g906.engine.layers.base import WeightHolder, WeightSpec
 from g906.engine.weights import QuantizedTensor
 
 
+def _prepare(w):
+    from g906.kernels.ops import prepare_linear_weight
+
+    return prepare_linear_weight(w)
+
+
+def _is_packed(w) -> bool:
+    return getattr(w, "planes", None) is not None  # g906.kernels.linear.repack.PackedQuant
+
+
 class Linear(WeightHolder):
     def __init__(self, in_features: int, out_features: int):
         super().__init__()
@@ -18,6 +28,18 @@ class Linear(WeightHolder):
 
     def weight_specs(self) -> dict[str, WeightSpec]:
         return {"weight": WeightSpec((self.out_features, self.in_features), quantizable=True)}
+
+    def set_weight(self, attr, value) -> None:
+        """A QuantizedTensor on a GPU is repacked once here for the dequant-GEMV kernels
+        (g906.kernels.ops.prepare_linear_weight); on the CPU it stays as loaded."""
+        if isinstance(value, QuantizedTensor):
+            value = _prepare(value)
+        if _is_packed(value):
+            self._parameters.pop(attr, None)
+            self._buffers.pop(attr, None)
+            object.__setattr__(self, attr, value)
+            return
+        super().set_weight(attr, value)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return ops.linear(x, self.weight)
@@ -37,6 +59,12 @@ def fuse_weights(linears: list[Linear]):
         if len({(w.dtype, w.device, w.shape[1]) for w in ws}) != 1:
             return None
         return torch.cat(ws, dim=0)
+    if all(_is_packed(w) for w in ws):
+        if len({(w.qtype, w.shape[1], w.device) for w in ws}) != 1:
+            return None
+        from g906.kernels.linear.repack import cat_rows
+
+        return cat_rows(ws)
     if all(isinstance(w, QuantizedTensor) for w in ws):
         if len({(w.qtype, w.data.shape[1], w.shape[1], w.data.device) for w in ws}) != 1:
             return None
