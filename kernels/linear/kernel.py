@@ -428,7 +428,7 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
     acc = tl.zeros([H, BLOCK_T, BLOCK_N], tl.float32)
     kwbeg = pid_k * kw_len
     kwend = tl.minimum(kwbeg + kw_len, KW)
-    for kw in range(kwbeg, kwbeg + kw_len, H * 4):
+    for kw in range(kwbeg, kwend, H * 4):      # vector 0 of every iteration is in the row
         k0 = kw * E
         wptr = qs_ptr + n3 * sq + (kw + v3 * 4 + w3)
         if EVEN:

@@ -1,20 +1,22 @@
-"""Load-time repacking of GGUF quantized weights into an aligned, GPU-friendly layout.
+r"""Load-time repacking of GGUF quantized weights into an aligned, GPU-friendly layout.
 
 GGUF blocks are 18/34/144/176/210 bytes long, so a kernel reading them directly gathers
 byte by byte. `prepare(qt)` rewrites a QuantizedTensor once (on its device, with torch ops)
 into a `PackedQuant`: a few row-major planes, every plane [rows, ...] contiguous, so a kernel
 reads each row with 16-byte vector loads and decodes whole 32-bit words.
 
-Element order is the natural one everywhere: the quant of element e of a row sits in word
-e // E, field e % E (E = 4 for 8-bit quants, 8 for 4-bit; field j = bits [b*j, b*(j+1))).
+Quants are 32-bit words grouped in 16-byte vectors of 4 words = 4E elements (E = 4 for 8-bit
+quants, 8 for 4-bit); inside a vector, field j (bits [b*j, b*(j+1))) of word w holds element
+4j + w, so the activations one field meets are 4 consecutive elements. Q5_K/Q6_K keep their
+high bits in a side plane with one byte / int16 per quant word, field j again.
 
 | type | planes (per row of K elements) | bytes / GGUF bytes |
 | --- | --- | --- |
-| Q8_0 | qs int8 [K]; d fp16 [K/32] | 1.000 |
-| Q4_0 | qs nibbles [K/2] (value q - 8); d fp16 [K/32] | 1.000 |
-| Q4_K | qs nibbles [K/2]; dm int32 [K/256] (fp16 d, fp16 dmin); scm uint16 [K/32] (6-bit scale \| min << 8) | 148/144 = 1.028 |
-| Q5_K | qs low nibbles [K/2]; qh uint8 [K/8] (bit j = 5th bit of element 8w+j); dm, scm as Q4_K | 180/176 = 1.023 |
-| Q6_K | qs low nibbles [K/2]; qh int16 [K/8] (bits 2j..2j+1 = high 2 bits of element 8w+j); sc int8 [K/16]; d fp16 [K/256] | 210/210 = 1.000 |
+| Q8_0 | qs int32 [K/4] (int8 fields); d fp16 [K/32] | 1.000 |
+| Q4_0 | qs int32 [K/8] (nibbles, value q - 8); d fp16 [K/32] | 1.000 |
+| Q4_K | qs int32 [K/8]; dm int32 [K/256] (fp16 d, fp16 dmin); scm int16 [K/32] (6-bit scale \| min << 8) | 148/144 = 1.028 |
+| Q5_K | qs int32 [K/8] (low nibbles); qh uint8 [K/8] (bit j: 5th bit of field j); dm, scm as Q4_K | 180/176 = 1.023 |
+| Q6_K | qs int32 [K/8] (low nibbles); qh int16 [K/8] (bits 2j, 2j+1: high bits of field j); sc int8 [K/16]; d fp16 [K/256] | 210/210 = 1.000 |
 
 All scales stay exact (GGUF's fp16 d/dmin and integer sub-block scales; products are formed in
 fp32 in the kernel), so the packed weight dequantizes bit-for-bit like the GGUF blocks.

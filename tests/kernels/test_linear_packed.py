@@ -1,0 +1,142 @@
+"""Repacked GGUF weights (kernels/linear/repack.py) and the kernels that read them: the packed
+planes decode bit-for-bit like gguf.quants.dequantize, the Triton GEMV/GEMM over them equals
+the reference (dequantize + matmul) on odd shapes, masked tails, split K and strided inputs,
+and the engine's Linear repacks only on a GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from g906.engine.weights import QuantizedTensor
+from g906.kernels import registry
+from g906.kernels.linear import repack
+from g906.kernels.linear.reference import BLOCKS
+
+from .conftest import DEVICE
+from .test_linear import random_blocks
+from .util import assert_close, gpu, needs_gpu, randn
+
+QTYPES = ["Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"]
+# resident bytes of the packed planes over the GGUF bytes (exact; limit 1.15)
+OVERHEAD = {"Q8_0": 1.0, "Q4_0": 1.0, "Q4_K": 148 / 144, "Q5_K": 180 / 176, "Q6_K": 1.0}
+
+
+def qweight(rows, cols, qtype, seed):
+    return QuantizedTensor(random_blocks(rows, cols, qtype, seed).to(DEVICE), qtype, (rows, cols))
+
+
+def packed_call(x, p, **cfg):
+    from g906.kernels.linear import kernel
+
+    return kernel.packed_matmul(x, p, **cfg)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_pack_decodes_like_gguf(qtype):
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    raw = random_blocks(3, 768, qtype, 5)
+    ref = dequantize(raw.numpy(), GGMLQuantizationType[qtype]).reshape(3, 768)
+    p = repack.pack(raw, qtype, (3, 768))
+    np.testing.assert_array_equal(repack.dequantize_packed(p).numpy(), ref)
+    assert p.nbytes == pytest.approx(OVERHEAD[qtype] * raw.numel())
+    assert p.nbytes <= 1.15 * raw.numel()
+    assert all(t.is_contiguous() and t.shape[0] == 3 for t in p.planes.values())
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("T", [1, 3, 20])
+def test_packed_linear(qtype, T):
+    # K = 768: fewer words than one iteration covers, so the masked tail path runs
+    g = torch.Generator().manual_seed(50)
+    N, K = 19, 768
+    w = qweight(N, K, qtype, 6)
+    p = repack.pack(w.data, qtype, w.shape)
+    dtype = torch.float16 if T == 3 else torch.float32
+    x = randn(T, K, dtype=dtype, gen=g)
+    ref = registry.call_reference("linear", x, w)
+    assert_close(registry.call_triton("linear", x, p), ref)
+    assert_close(registry.call_reference("linear", x, p), ref)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("T,cfg", [(1, dict(H=8, BLOCK_N=4)),                # unmasked loop
+                                   (2, dict(H=8, SPLIT=2, BLOCK_N=2)),       # split K, even
+                                   (5, dict(H=4, SPLIT=3, BLOCK_N=1))])      # split K, tails
+def test_packed_gemv_configs(qtype, T, cfg):
+    g = torch.Generator().manual_seed(51)
+    N, K = 7, 1024
+    w = qweight(N, K, qtype, 7)
+    p = repack.pack(w.data, qtype, w.shape)
+    x = randn(T, K, gen=g)
+    assert_close(packed_call(x, p, **cfg), registry.call_reference("linear", x, w))
+
+
+def test_packed_strided_rows_and_fp16():
+    g = torch.Generator().manual_seed(52)
+    N, K = 9, 512
+    w = qweight(N, K, "Q4_K", 8)
+    p = repack.pack(w.data, "Q4_K", w.shape)
+    xx = randn(4, K + 64, dtype=torch.float16, gen=g)
+    x = xx[:, 64:]
+    assert_close(registry.call_triton("linear", x, p), registry.call_reference("linear", x, w))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_rows_stack_and_select(qtype):
+    a = random_blocks(5, 512, qtype, 9)
+    b = random_blocks(3, 512, qtype, 10)
+    both = repack.cat_rows([repack.pack(a, qtype, (5, 512)), repack.pack(b, qtype, (3, 512))])
+    ref = repack.pack(torch.cat([a, b]), qtype, (8, 512))
+    assert both.shape == (8, 512)
+    for k in ref.planes:
+        assert torch.equal(both.planes[k], ref.planes[k])
+    idx = torch.tensor([6, 0, 2])
+    sel = both.select_rows(idx)
+    assert torch.equal(sel.dequantize(), ref.dequantize()[idx])
+
+
+def test_prepare_keeps_cpu_and_unpackable_weights():
+    w = QuantizedTensor(random_blocks(4, 512, "Q4_K", 11), "Q4_K", (4, 512))
+    assert repack.prepare(w) is w                                   # CPU: stays GGUF blocks
+    odd = QuantizedTensor(random_blocks(4, 96, "Q8_0", 12), "Q8_0", (4, 96))
+    assert not repack.can_pack(odd)                                 # K % 256 != 0
+    dense = torch.zeros(3, 3)
+    assert repack.prepare(dense) is dense
+
+
+def test_engine_linear_hook_on_cpu():
+    from g906.engine.layers.linear import Linear, fuse_weights
+
+    lin = Linear(512, 4)
+    w = QuantizedTensor(random_blocks(4, 512, "Q6_K", 13), "Q6_K", (4, 512))
+    lin.set_weight("weight", w)
+    assert lin.weight is w                                          # resident bytes == file bytes
+    # packed weights (as on a GPU) stack like GGUF blocks
+    l1, l2 = Linear(512, 4), Linear(512, 2)
+    p1 = repack.pack(w.data, "Q6_K", w.shape)
+    raw2 = random_blocks(2, 512, "Q6_K", 14)
+    p2 = repack.pack(raw2, "Q6_K", (2, 512))
+    l1.set_weight("weight", p1)
+    l2.set_weight("weight", p2)
+    assert l1.weight is p1 and "weight" not in dict(l1.named_parameters())
+    fused = fuse_weights([l1, l2])
+    ref = repack.pack(torch.cat([w.data, raw2]), "Q6_K", (6, 512))
+    assert torch.equal(fused.dequantize(), ref.dequantize())
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("T", [1, 8, 300])
+def test_packed_linear_real_shapes(qtype, T):
+    g = torch.Generator().manual_seed(53)
+    for N, K in ((4096, 12288), (12288, 4096)):
+        w = qweight(N, K, qtype, 15)
+        p = repack.prepare(w)
+        assert isinstance(p, repack.PackedQuant)
+        x = randn(T, K, dtype=torch.float16, gen=g)
+        assert_close(registry.call_triton("linear", x, p), registry.call_reference("linear", x, w))
