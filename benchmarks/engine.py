@@ -145,7 +145,9 @@ def profile_decode(engine, steps: int = 8, top: int = 15) -> dict:
             "kernels": rows}
 
 
-def run_rows(args, device: torch.device, out: dict) -> None:
+def run_rows(args, device: torch.device, out: dict, save) -> None:
+    """The groups in priority order; each adds its rows and saves the JSON, and a group that
+    would start after the time budget is skipped (recorded as such)."""
     quick = args.quick
     ov = QUICK_SHAPE if quick else None
     P, O, P2, N64, O64 = (32, 16, 64, 4, 8) if quick else (512, 128, 2048, 64, 256)
@@ -153,13 +155,14 @@ def run_rows(args, device: torch.device, out: dict) -> None:
     rows = out["rows"]
     bw = out["copy_bandwidth_bytes_s"]
     mm = out["matmul_flops_s"]
+    t_start = time.perf_counter()
 
-    def add(row_id, label, value, unit, *, limit=None, pct=None, detail=None, hf=None, error=None):
+    def add(row_id, label, value, unit, *, limit=None, pct=None, detail=None, error=None):
         t = TARGETS.get(row_id)
         llama = LLAMA_CPP.get(row_id)
         row = {"id": row_id, "label": label, "value": value, "unit": unit, "target": t,
-               "llama_cpp": llama, "limit": limit, "pct_of_limit": pct, "transformers": hf,
-               "ratio_transformers": (round(value / hf, 2) if value and hf else None),
+               "llama_cpp": llama, "limit": limit, "pct_of_limit": pct, "transformers": None,
+               "ratio_transformers": None,
                "ratio_llama_cpp": (round(value / llama, 2) if value and llama else None),
                "error": error, "detail": detail}
         if row_id == "9b-f16-prefill2048":
@@ -168,9 +171,11 @@ def run_rows(args, device: torch.device, out: dict) -> None:
         else:
             row["met"] = None if (value is None or t is None or quick) else value >= t
         rows.append(row)
-        log(f"{label}: {value} {unit}" + (f" ({pct}% of limit)" if pct is not None else "") + (f" ERROR {error}" if error else ""))
+        save()
+        log(f"{label}: {value} {unit}" + (f" ({pct}% of limit)" if pct is not None else "")
+            + (f" ERROR {error}" if error else ""))
 
-    def decode_row(row_id, label, loaded, engine, hf_res=None):
+    def decode_row(row_id, label, loaded, engine):
         wl = Workload(num_requests=2, prompt_len=LengthSpec(P, P), output_len=LengthSpec(O, O), concurrency=1)
         res = run_offline(engine, wl)
         bpt = loaded.info["bytes_per_token"]
@@ -184,122 +189,112 @@ def run_rows(args, device: torch.device, out: dict) -> None:
                 prof = {"error": f"{type(exc).__name__}: {exc}"}
         add(row_id, label, dec, "tok/s", limit=round(limit, 1), pct=round(100 * dec / limit, 1),
             detail={"run": res, "bytes_per_token": bpt, "weight_bytes": loaded.info["weight_bytes"],
-                    "profile": prof}, hf=(hf_res or {}).get("decode_tok_s"))
+                    "profile": prof})
         return res
 
-    groups = args.groups
-    # ---------------------------------------------------------------- 9B F16
-    if "9b-f16" in groups:
-        loaded = engine = None
-        try:
-            log("building 9B F16")
-            loaded = build_synthetic("qwen3.5-9b", quant="f16", device=device, overrides=ov)
-            hf_res = None
-            if not args.no_hf:
-                try:
-                    from g906.bench.hf import build_hf_model, hf_generate_bench
+    def g_9b_f16():
+        loaded = build_synthetic("qwen3.5-9b", quant="f16", device=device, overrides=ov)
+        wl1 = Workload(num_requests=1, prompt_len=LengthSpec(P2, P2), output_len=LengthSpec(O, O), concurrency=1)
+        engine = make_engine(loaded, wl1, max_num_seqs=1, max_model_len=P2 + O + 64, max_num_batched_tokens=P2)
+        res = decode_row("9b-f16-decode", "9B F16 decode b=1", loaded, engine)
+        fpt = matmul_flops_per_token(loaded, P)
+        pre = res["prefill_tok_s"]
+        add("9b-f16-prefill512", f"9B F16 prefill {P}", pre, "tok/s", pct=round(100 * pre * fpt / mm, 1),
+            detail={"flops_per_token": fpt, "achieved_tflops": round(pre * fpt / 1e12, 1)})
+        wl2 = Workload(num_requests=2, prompt_len=LengthSpec(P2, P2), output_len=LengthSpec(1, 1), concurrency=1)
+        r2 = run_offline(engine, wl2)
+        fpt2 = matmul_flops_per_token(loaded, P2)
+        pre2 = r2["prefill_tok_s"]
+        add("9b-f16-prefill2048", f"9B F16 prefill {P2}", pre2, "tok/s", pct=round(100 * pre2 * fpt2 / mm, 1),
+            detail={"run": r2, "flops_per_token": fpt2, "achieved_tflops": round(pre2 * fpt2 / 1e12, 1)})
 
-                    log("transformers 9B F16")
-                    hf = build_hf_model(loaded.config, device=device, dtype=loaded.model.dtype)
-                    hf_res = hf_generate_bench(hf, prompt_len=P, new_tokens=hf_new)
-                    del hf
-                    free()
-                except Exception as exc:
-                    hf_res = {"error": f"{type(exc).__name__}: {exc}"}
-                out["transformers"]["9b-f16"] = hf_res
-            wl1 = Workload(num_requests=1, prompt_len=LengthSpec(P2, P2), output_len=LengthSpec(O, O), concurrency=1)
-            engine = make_engine(loaded, wl1, max_num_seqs=1, max_model_len=P2 + O + 64,
-                                 max_num_batched_tokens=P2)
-            res = decode_row("9b-f16-decode", "9B F16 decode b=1", loaded, engine, hf_res)
-            fpt = matmul_flops_per_token(loaded, P)
-            pre = res["prefill_tok_s"]
-            add("9b-f16-prefill512", f"9B F16 prefill {P}", pre, "tok/s", pct=round(100 * pre * fpt / mm, 1),
-                detail={"flops_per_token": fpt}, hf=(hf_res or {}).get("prefill_tok_s"))
-            wl2 = Workload(num_requests=2, prompt_len=LengthSpec(P2, P2), output_len=LengthSpec(1, 1), concurrency=1)
-            r2 = run_offline(engine, wl2)
-            fpt2 = matmul_flops_per_token(loaded, P2)
-            pre2 = r2["prefill_tok_s"]
-            add("9b-f16-prefill2048", f"9B F16 prefill {P2}", pre2, "tok/s", pct=round(100 * pre2 * fpt2 / mm, 1),
-                detail={"run": r2, "flops_per_token": fpt2, "achieved_tflops": round(pre2 * fpt2 / 1e12, 1)})
-            del engine
-            engine = None
-            free()
-            log(f"9B F16 x{N64} concurrent")
-            wl3 = Workload(num_requests=N64, prompt_len=LengthSpec(P, P), output_len=LengthSpec(O64, O64),
-                           concurrency=N64)
-            engine = make_engine(loaded, wl3, max_num_seqs=N64, max_model_len=P + O64 + 32,
-                                 max_num_batched_tokens=max(P2, 8 * P))
-            r3 = run_offline(engine, wl3)
-            c = loaded.config
-            ctx_avg = P + O64 / 2
-            kv = N64 * ctx_avg * len(c.full_attention_layers) * 2 * c.num_key_value_heads * c.head_dim * 2
-            state = N64 * 2 * engine.runner.sizing.state_bytes_per_slot
-            step_s = max((loaded.info["bytes_per_token"] + kv + state) / bw,
-                         N64 * 2 * (loaded.info["bytes_per_token"] / 2) / mm)
-            lim = N64 / step_s
-            add("9b-f16-c64", f"9B F16 {N64} x {P}/{O64}", r3["output_tok_s"], "out tok/s", limit=round(lim, 1),
-                pct=round(100 * r3["output_tok_s"] / lim, 1),
-                detail={"run": r3, "limit_model": "weights + KV (avg context) + GDN state read/write per step, "
-                                                  "or 2 FLOP/param/token at the matmul rate"})
-        except Exception as exc:
-            traceback.print_exc()
-            add("9b-f16-decode", "9B F16", None, "", error=f"{type(exc).__name__}: {exc}")
-        finally:
-            del engine, loaded
-            free()
-    # ---------------------------------------------------------------- quantized 9B
-    for quant in ("q8_0", "q4_k"):
-        if f"9b-{quant}" not in groups:
-            continue
-        loaded = engine = None
-        row_id = f"9b-{quant}-decode"
-        try:
-            log(f"building 9B {quant}")
-            loaded = build_synthetic("qwen3.5-9b", quant=quant, device=device, overrides=ov)
+    def g_decode(shape, quant, row_id, label):
+        def run():
+            loaded = build_synthetic(shape, quant=quant, device=device, overrides=ov)
             wl = Workload(num_requests=1, prompt_len=LengthSpec(P, P), output_len=LengthSpec(O, O), concurrency=1)
             engine = make_engine(loaded, wl, max_num_seqs=1, max_model_len=P + O + 64, max_num_batched_tokens=P)
-            decode_row(row_id, f"9B {quant.upper()} decode b=1", loaded, engine)
-        except Exception as exc:
-            traceback.print_exc()
-            add(row_id, f"9B {quant.upper()}", None, "", error=f"{type(exc).__name__}: {exc}")
-        finally:
-            del engine, loaded
-            free()
-    # ---------------------------------------------------------------- 0.8B
-    if "0.8b-f16" in groups:
-        loaded = engine = None
-        try:
-            log("building 0.8B F16")
-            loaded = build_synthetic("qwen3.5-0.8b", quant="f16", device=device, overrides=ov)
-            hf_res = None
-            if not args.no_hf:
-                try:
-                    from g906.bench.hf import build_hf_model, hf_generate_bench
-
-                    log("transformers 0.8B F16")
-                    hf = build_hf_model(loaded.config, device=device, dtype=loaded.model.dtype)
-                    hf_res = hf_generate_bench(hf, prompt_len=P, new_tokens=hf_new)
-                    del hf
-                    free()
-                except Exception as exc:
-                    hf_res = {"error": f"{type(exc).__name__}: {exc}"}
-                out["transformers"]["0.8b-f16"] = hf_res
-            wl = Workload(num_requests=1, prompt_len=LengthSpec(P, P), output_len=LengthSpec(O, O), concurrency=1)
-            engine = make_engine(loaded, wl, max_num_seqs=1, max_model_len=P + O + 64, max_num_batched_tokens=P)
-            decode_row("0.8b-f16-decode", "0.8B F16 decode b=1", loaded, engine, hf_res)
+            decode_row(row_id, label, loaded, engine)
             graphs = getattr(engine.runner, "graphs", None)
-            if graphs is not None and graphs.use_graphs:
+            if row_id.startswith("0.8b") and graphs is not None and graphs.use_graphs:
                 graphs.use_graphs = False
-                wl = Workload(num_requests=1, prompt_len=LengthSpec(P, P), output_len=LengthSpec(O, O), concurrency=1)
                 r = run_offline(engine, wl, warm=False)
                 graphs.use_graphs = True
-                out["eager_vs_graphs"]["0.8b-f16-decode-eager"] = r["decode_tok_s"]
+                out["eager_vs_graphs"][row_id + "-eager"] = r["decode_tok_s"]
+        return run
+
+    def g_c64():
+        loaded = build_synthetic("qwen3.5-9b", quant="f16", device=device, overrides=ov)
+        wl3 = Workload(num_requests=N64, prompt_len=LengthSpec(P, P), output_len=LengthSpec(O64, O64),
+                       concurrency=N64)
+        engine = make_engine(loaded, wl3, max_num_seqs=N64, max_model_len=P + O64 + 32,
+                             max_num_batched_tokens=max(P2, 8 * P))
+        r3 = run_offline(engine, wl3)
+        c = loaded.config
+        ctx_avg = P + O64 / 2
+        kv = N64 * ctx_avg * len(c.full_attention_layers) * 2 * c.num_key_value_heads * c.head_dim * 2
+        state = N64 * 2 * engine.runner.sizing.state_bytes_per_slot
+        step_s = max((loaded.info["bytes_per_token"] + kv + state) / bw,
+                     N64 * 2 * (loaded.info["bytes_per_token"] / 2) / mm)
+        lim = N64 / step_s
+        add("9b-f16-c64", f"9B F16 {N64} x {P}/{O64}", r3["output_tok_s"], "out tok/s", limit=round(lim, 1),
+            pct=round(100 * r3["output_tok_s"] / lim, 1),
+            detail={"run": r3, "limit_model": "weights + KV (avg context) + GDN state read/write per step, "
+                                              "or 2 FLOP/param/token at the matmul rate"})
+
+    def g_hf():
+        from g906.bench.hf import build_hf_model, hf_generate_bench
+
+        for key, shape in (("0.8b-f16", "qwen3.5-0.8b"), ("9b-f16", "qwen3.5-9b")):
+            if time.perf_counter() - t_start > args.budget_s:
+                out["transformers"][key] = {"skipped": "time budget"}
+                continue
+            try:
+                log(f"transformers {key}")
+                hf = build_hf_model(shape_config(shape, ov), device=device, dtype=torch.float16
+                                    if device.type == "cuda" else torch.float32)
+                res = hf_generate_bench(hf, prompt_len=P, new_tokens=hf_new)
+                del hf
+            except Exception as exc:
+                traceback.print_exc()
+                res = {"error": f"{type(exc).__name__}: {exc}"}
+            free()
+            out["transformers"][key] = res
+            for r in rows:
+                if r["id"] == f"{key}-decode" and res.get("decode_tok_s"):
+                    r["transformers"] = res["decode_tok_s"]
+                elif r["id"] == f"{key}-prefill512" and res.get("prefill_tok_s"):
+                    r["transformers"] = res["prefill_tok_s"]
+                else:
+                    continue
+                r["ratio_transformers"] = round(r["value"] / r["transformers"], 2) if r["value"] else None
+            save()
+
+    groups = {
+        "9b-f16": (g_9b_f16, "9b-f16-decode", "9B F16"),
+        "0.8b-f16": (g_decode("qwen3.5-0.8b", "f16", "0.8b-f16-decode", "0.8B F16 decode b=1"),
+                     "0.8b-f16-decode", "0.8B F16"),
+        "9b-q4_k": (g_decode("qwen3.5-9b", "q4_k", "9b-q4_k-decode", "9B Q4_K decode b=1"), "9b-q4_k-decode",
+                    "9B Q4_K"),
+        "9b-q8_0": (g_decode("qwen3.5-9b", "q8_0", "9b-q8_0-decode", "9B Q8_0 decode b=1"), "9b-q8_0-decode",
+                    "9B Q8_0"),
+        "9b-f16-c64": (g_c64, "9b-f16-c64", "9B F16 x64"),
+    }
+    for name in args.groups:
+        if name == "hf":
+            if not args.no_hf:
+                g_hf()
+            continue
+        fn, row_id, label = groups[name]
+        if time.perf_counter() - t_start > args.budget_s:
+            add(row_id, label, None, "", error="skipped: time budget")
+            continue
+        log(f"group {name}")
+        try:
+            fn()
         except Exception as exc:
             traceback.print_exc()
-            add("0.8b-f16-decode", "0.8B F16", None, "", error=f"{type(exc).__name__}: {exc}")
-        finally:
-            del engine, loaded
-            free()
+            add(row_id, label, None, "", error=f"{type(exc).__name__}: {exc}")
+        free()
 
 
 def fmt(x, spec="{:,.0f}") -> str:
@@ -332,8 +327,11 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny shapes and lengths (a smoke run of every path)")
     ap.add_argument("--no-hf", action="store_true", help="skip transformers")
     ap.add_argument("--no-profile", action="store_true", help="skip the kernel profiles")
-    ap.add_argument("--groups", default="9b-f16,9b-q8_0,9b-q4_k,0.8b-f16",
-                    help="comma-separated subset of 9b-f16, 9b-q8_0, 9b-q4_k, 0.8b-f16")
+    ap.add_argument("--groups", default="9b-f16,0.8b-f16,9b-q4_k,9b-q8_0,9b-f16-c64,hf",
+                    help="comma-separated, run in this order: 9b-f16 (decode, prefill 512/2048), 0.8b-f16, "
+                         "9b-q4_k, 9b-q8_0, 9b-f16-c64 (64 concurrent), hf (transformers)")
+    ap.add_argument("--budget-s", type=float, default=float(os.environ.get("G906_BENCH_BUDGET_S", 330)),
+                    help="start no new group after this many seconds (default 330)")
     args = ap.parse_args(argv)
     args.groups = [g.strip() for g in args.groups.split(",") if g.strip()]
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -343,21 +341,28 @@ def main(argv=None) -> int:
     out["copy_bandwidth_bytes_s"] = measure_copy_bandwidth(device)
     out["matmul_flops_s"] = measure_matmul_flops(device)
     log(f"copy {out['copy_bandwidth_bytes_s'] / 1e9:,.0f} GB/s, matmul {out['matmul_flops_s'] / 1e12:,.1f} TFLOP/s")
-    try:
-        run_rows(args, device, out)
-    finally:
+    path = None
+    if args.out:
+        path = Path(args.out)
+        if path.suffix != ".json":
+            path.mkdir(parents=True, exist_ok=True)
+            path = path / "engine.json"
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
         out["seconds"] = round(time.perf_counter() - t0, 1)
-        text = table(out)
-        out["table_markdown"] = text
-        if args.out:
-            p = Path(args.out)
-            if p.suffix != ".json":
-                p.mkdir(parents=True, exist_ok=True)
-                p = p / "engine.json"
-            else:
-                p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_text(json.dumps(out, indent=2, default=str))
-            log(f"wrote {p}")
+        out["table_markdown"] = table(out)
+        if path is not None:
+            path.write_text(json.dumps(out, indent=2, default=str))
+
+    try:
+        run_rows(args, device, out, save)
+    finally:
+        save()
+        text = out["table_markdown"]
+        if path is not None:
+            log(f"wrote {path}")
         env = out["env"]
         print(f"\ng906 engine benchmark — {env['date']}, {env.get('gpu', env['device'])}, commit {env.get('commit')}; "
               f"copy {out['copy_bandwidth_bytes_s'] / 1e9:,.0f} GB/s, fp16 matmul "
