@@ -10,7 +10,12 @@ def _f(x, fmt: str = "{:,.1f}") -> str:
 
 
 def _gib(x) -> str:
-    return "—" if not x else f"{x / 2**30:.2f} GiB"
+    if not x:
+        return "—"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if x >= scale:
+            return f"{x / scale:.2f} {unit}"
+    return f"{x} B"
 
 
 def result_rows(res: dict[str, Any]) -> list[tuple[str, str]]:

@@ -165,3 +165,14 @@ def test_write_gguf_then_bench_the_file(tmp_path):
     assert res["bandwidth"]["bytes_per_token"] > 0
     r = _bench(["--model", "builtin:tiny-qwen35", "--write-gguf", str(tmp_path / "x.gguf")])
     assert r.exit_code != 0
+
+
+def test_offline_recipe(tmp_path):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('[model]\nsource = "builtin:tiny-qwen35"\n\n[limits]\nmax_model_len = 256\nmax_num_seqs = 2\n')
+    r = _bench(["--recipe", str(recipe), "-n", "3", "--prompt-len", "16", "--output-len", "4", "--device", "cpu",
+                "--json"])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout[r.stdout.index("{"):])
+    _check(res, 3, 4)
+    assert res["engine"]["max_num_seqs"] == 2 and res["engine"]["max_model_len"] == 256
