@@ -1,6 +1,7 @@
 """Benchmark g906.kernels on real Qwen3.5 layer shapes against the PyTorch references.
 
     python benchmarks/kernels.py [--quick] [--only gemv,qgemv,decode,gdn,...] [--json out.json]
+    python benchmarks/kernels.py --only linear-quant     # repacked vs GGUF-block dequant-GEMV
 
 Measures the device's copy bandwidth first (a large device-to-device copy, bytes read +
 written), then for every kernel prints time (median, CUDA-graph replay for the Triton
@@ -171,6 +172,83 @@ def bench_qgemv(quick):
             del w
 
 
+LINQ_SHAPES = [(4096, 12288), (12288, 4096), (4096, 4096)]   # 9B [out, in]: down, gate/up, attn
+LINQ_TYPES = ["Q8_0", "Q4_K", "Q6_K"]                         # --types adds Q5_K, Q4_0
+
+
+def _l2_bytes():
+    return int(getattr(torch.cuda.get_device_properties(torch.cuda.current_device()),
+                       "L2_cache_size", 64 << 20))
+
+
+def bench_linear_quant(quick):
+    """Dequant-GEMV on GGUF blocks (old kernel) vs on the load-time repacked planes (new,
+    kernels/linear/repack.py), 9B decode shapes, T = 1 and 8. Each timing cycles through enough
+    distinct copies of the weight (> 4x the L2 cache) inside one CUDA graph, so weights come from
+    HBM as in a decode step; time = graph time / copies. GB/s counts the GGUF bytes (+ x, out)."""
+    from g906.kernels.linear import repack
+
+    types = LINQ_TYPES
+    shapes = LINQ_SHAPES
+    sweep = [dict(BLOCK_N=2, num_warps=4), dict(BLOCK_N=4, num_warps=4),
+             dict(BLOCK_N=8, num_warps=4), dict(BLOCK_N=4, num_warps=8)]
+    l2 = _l2_bytes()
+    print(f"# linear-quant: L2 {l2 >> 20} MiB; weights rotate through >= 4x L2 of copies")
+    for N, K in shapes:
+        for qt in types:
+            w0 = rand_blocks(N, K, qt)
+            ncopy = max(2, -(-4 * l2 // w0.nbytes))
+            raws = [w0] + [rand_blocks(N, K, qt) for _ in range(ncopy - 1)]
+            packs = [repack.pack(w.data, qt, w.shape) for w in raws]
+            over = packs[0].nbytes / w0.nbytes
+            for T in (1, 8):
+                x = torch.randn(T, K, dtype=torch.float16, device="cuda")
+                nbytes = w0.nbytes + T * (K + N) * 2
+                # same result from both kernels (sanity, not a test)
+                a = linear_kernel.quant_matmul(x, raws[0]).float()
+                b = linear_kernel.packed_matmul(x, packs[0]).float()
+                err = float((a - b).norm() / a.norm().clamp_min(1e-30))
+
+                def old():
+                    for w in raws:
+                        linear_kernel.quant_matmul(x, w)
+
+                def run_new(cfg):
+                    def f():
+                        for p in packs:
+                            linear_kernel.packed_matmul(x, p, **cfg)
+                    return bench_graph(f, rep=50) / ncopy
+
+                ms_old = bench_graph(old, rep=50) / ncopy
+                ms_new = run_new({})
+                cfg_note = f"default {linear_kernel._pq_gemv_config(T, N, K, qt, x.device)}"
+                if T == 1 and not quick and (N, K) == shapes[0]:
+                    res = []
+                    for cfg in sweep:
+                        try:
+                            res.append((run_new(cfg), cfg))
+                        except Exception as e:  # a config may not compile on every target
+                            print("   config", cfg, "failed:", type(e).__name__)
+                    res.sort(key=lambda r: r[0])
+                    if res:
+                        cfg_note += f"; sweep best {res[0][1]} {res[0][0] * 1e3:.1f} us"
+                        cfg_note += " (" + ", ".join(f"{c['BLOCK_N']}/{c['num_warps']}w "
+                                                     f"{t * 1e3:.1f}" for t, c in res) + ")"
+                gb_old = nbytes / (ms_old * 1e-3) / 1e9
+                gb_new = nbytes / (ms_new * 1e-3) / 1e9
+                name = f"9B {qt} {N}x{K} T={T}"
+                ROWS.append(dict(group="linear-quant", name=name, bytes=nbytes, ms=ms_new,
+                                 gbs=gb_new, pct=100 * gb_new / COPY_BW, ref_ms=ms_old,
+                                 ref_gbs=gb_old, ref_pct=100 * gb_old / COPY_BW,
+                                 note=cfg_note, overhead=over, rel_err=err))
+                print(f"linq  {name:28s} old {ms_old * 1e3:7.1f} us {gb_old:6.0f} GB/s "
+                      f"{100 * gb_old / COPY_BW:5.1f}% | new {ms_new * 1e3:7.1f} us "
+                      f"{gb_new:6.0f} GB/s {100 * gb_new / COPY_BW:5.1f}%  x{ms_old / ms_new:4.1f}"
+                      f"  bytes x{over:.3f} err {err:.1e}  {cfg_note}", flush=True)
+            del raws, packs, w0
+            torch.cuda.empty_cache()
+
+
 def _paged(B, ctx, hk, D, bs=16):
     nblk = ctx // bs
     total = B * nblk
@@ -330,8 +408,9 @@ def bench_elementwise(quick):
         record("act", f"silu_and_mul T={T} I={I}", nbytes, ms, ms_ref)
 
 
-GROUPS = {"gemv": bench_gemv, "qgemv": bench_qgemv, "decode": bench_decode_attention,
-          "gdn": bench_gdn, "prefill": bench_prefill_attention, "elementwise": bench_elementwise}
+GROUPS = {"gemv": bench_gemv, "qgemv": bench_qgemv, "linear-quant": bench_linear_quant,
+          "decode": bench_decode_attention, "gdn": bench_gdn, "prefill": bench_prefill_attention,
+          "elementwise": bench_elementwise}
 
 
 def main():
@@ -340,7 +419,11 @@ def main():
     ap.add_argument("--only", default=",".join(GROUPS), help="comma-separated: " + ",".join(GROUPS))
     ap.add_argument("--quick", action="store_true", help="9B shapes only, fewer sweeps")
     ap.add_argument("--json", default=None, help="write all rows to this JSON file")
+    ap.add_argument("--types", default=None,
+                    help="linear-quant: GGUF types (default Q8_0,Q4_K,Q6_K; also Q5_K, Q4_0)")
     args = ap.parse_args()
+    if args.types:
+        LINQ_TYPES[:] = [t.strip() for t in args.types.split(",") if t.strip()]
     if not torch.cuda.is_available():
         sys.exit("benchmarks/kernels.py needs a GPU (CUDA or ROCm)")
     dev = torch.cuda.get_device_name()
