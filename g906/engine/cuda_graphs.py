@@ -86,6 +86,8 @@ class DecodeGraphs:
         self._h_long = torch.zeros(3, B, dtype=torch.long, pin_memory=pin)     # ids, positions, kv slots
         self._h_int = torch.zeros(2, B, dtype=torch.int32, pin_memory=pin)     # seq lens, state slots
         self._h_tables = torch.full((B, W), -1, dtype=torch.int32, pin_memory=pin)
+        self._h_tab_c = torch.empty(B * W, dtype=torch.int32, pin_memory=pin)  # contiguous upload window
+        self._row_cols = [W] * B               # columns of each host table row that may be >= 0
         # static device inputs
         self.d_long = torch.zeros(3, B, dtype=torch.long, device=dev)
         self.d_int = torch.zeros(2, B, dtype=torch.int32, device=dev)
@@ -94,7 +96,7 @@ class DecodeGraphs:
         self.has_initial_state = torch.ones(B, dtype=torch.bool, device=dev)
         self._copied = torch.cuda.Event() if pin else None
         self._fill_padding(0)
-        self._upload(B)
+        self._upload(B, W)
 
     # -- inputs ----------------------------------------------------------------------------------
     def _fill_padding(self, start: int) -> None:
@@ -107,12 +109,16 @@ class DecodeGraphs:
         lens[start:] = 1
         sslots[start:] = self.scratch_slot
         tables = self._h_tables.numpy()
-        tables[start:, :] = -1
-        tables[start:, 0] = self.scratch_block
+        for i in range(start, self.max_batch):
+            if self._row_cols[i] > 1:
+                tables[i, 1:self._row_cols[i]] = -1
+            tables[i, 0] = self.scratch_block
+            self._row_cols[i] = 1
 
     def prepare(self, seqs) -> int:
-        """Fill the host buffers for a decode step of `seqs` (each with one uncached token);
-        returns the padded batch size. Rows beyond len(seqs) are padding."""
+        """Fill the host buffers for a decode step of `seqs` (each with one uncached token) and
+        start their copies to the device; returns the padded batch size (rows beyond len(seqs)
+        are padding)."""
         n = len(seqs)
         bs = bucket(n, self.batch_sizes)
         if bs is None:
@@ -123,6 +129,7 @@ class DecodeGraphs:
         lens, sslots = self._h_int.numpy()
         tables = self._h_tables.numpy()
         bsz = self.block_size
+        cols = 1
         for i, s in enumerate(seqs):
             p = s.num_tokens - 1                       # the uncached token's position
             table = s.block_table
@@ -135,16 +142,28 @@ class DecodeGraphs:
             if nb > self.width:
                 raise ValueError(f"sequence {s.request_id} holds {nb} blocks, more than max_model_len allows")
             tables[i, :nb] = table
-            tables[i, nb:] = -1
+            if self._row_cols[i] > nb:
+                tables[i, nb:self._row_cols[i]] = -1
+            self._row_cols[i] = nb
+            cols = max(cols, nb)
         self._fill_padding(n)
-        self._upload(bs)
+        self._upload(bs, cols)
         return bs
 
-    def _upload(self, bs: int) -> None:
+    def _upload(self, bs: int, cols: int) -> None:
+        """Copy the step's inputs to the static device buffers: the id/position/slot and length
+        rows whole (a few hundred bytes), the block tables as the [bs, cols] window that holds
+        every used entry (device columns beyond a row's blocks are never read: the kernels stop
+        at the sequence length)."""
         nb = self.device.type == "cuda"
-        self.d_long[:, :bs].copy_(self._h_long[:, :bs], non_blocking=nb)
-        self.d_int[:, :bs].copy_(self._h_int[:, :bs], non_blocking=nb)
-        self.d_tables[:bs].copy_(self._h_tables[:bs], non_blocking=nb)
+        self.d_long.copy_(self._h_long, non_blocking=nb)
+        self.d_int.copy_(self._h_int, non_blocking=nb)
+        if cols >= self.width:
+            self.d_tables[:bs].copy_(self._h_tables[:bs], non_blocking=nb)
+        else:
+            win = self._h_tab_c[: bs * cols].view(bs, cols)
+            win.copy_(self._h_tables[:bs, :cols])
+            self.d_tables[:bs, :cols].copy_(win, non_blocking=nb)
         if self._copied is not None:
             self._copied.record()
 
@@ -176,7 +195,7 @@ class DecodeGraphs:
             return 0.0
         t0 = time.perf_counter()
         self._fill_padding(0)
-        self._upload(self.max_batch)
+        self._upload(self.max_batch, self.width)
         torch.cuda.synchronize(self.device)
         pool = None
         stream = torch.cuda.Stream(self.device)
