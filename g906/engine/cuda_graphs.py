@@ -231,13 +231,27 @@ class DecodeGraphs:
             self.num_eager += 1
         return out[:n]
 
-    def can_run(self, n: int) -> bool:
-        return 0 < n <= self.max_batch
+    def can_run(self, seqs) -> bool:
+        """Whether this decode batch (a list of sequences, or its size) runs here: at most the
+        largest graph batch, and text-only sequences (a sequence carrying multimodal inputs, whose
+        M-RoPE positions the model runner computes per step, takes the runner's own path)."""
+        if isinstance(seqs, int):
+            return 0 < seqs <= self.max_batch
+        return 0 < len(seqs) <= self.max_batch and not any(_multimodal(s) for s in seqs)
 
     def describe(self) -> dict:
         return {"graphs": self.use_graphs, "batch_sizes": self.batch_sizes if self.use_graphs else [],
                 "captured": sorted(self.graphs), "capture_seconds": round(self.capture_seconds, 3),
                 "replays": self.num_replays, "eager_steps": self.num_eager}
+
+
+def _multimodal(seq) -> bool:
+    """Whether a sequence carries multimodal inputs (any attribute with M-RoPE positions)."""
+    for name in getattr(type(seq), "__slots__", ()):
+        v = getattr(seq, name, None)
+        if v is not None and hasattr(v, "positions_for") and hasattr(v, "delta"):
+            return True
+    return False
 
 
 def padded_cache_sizes(num_blocks: int, num_state_slots: int) -> tuple[int, int, int, int]:

@@ -188,3 +188,20 @@ def test_graphs_equal_eager_batched_and_sampled():
     g, _ = _generate(lm, False, prompts, params)
     e, _ = _generate(lm, True, prompts, params)
     assert g == e
+
+
+def test_multimodal_sequences_take_the_runner_path():
+    from g906.engine.cuda_graphs import _multimodal
+    from g906.engine.sequence import Sequence
+
+    eng, graphs, cache, sb, ss = _setup(max_num_seqs=2)
+    s = Sequence("a", [1, 2, 3], SamplingParams())
+    assert not _multimodal(s) and graphs.can_run([s]) and graphs.can_run(2) and not graphs.can_run(3)
+
+    class Fake:
+        __slots__ = ("mm",)
+
+        def __init__(self):
+            self.mm = type("MM", (), {"delta": 3, "positions_for": lambda self, a, b: None})()
+
+    assert _multimodal(Fake()) and not graphs.can_run([s, Fake()])
