@@ -481,14 +481,17 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
 
 
 @triton.jit
-def _pq_gemm_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, M, N, K, sx, sq, sh, sa, sb,
-                    so, one, QT: tl.constexpr, E: tl.constexpr, H: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP32: tl.constexpr):
-    """Prefill: per field j, the [BN, 4H] weights (w = A f + B) times the matching [BM, 4H]
-    activations with tl.dot (any order of the K terms gives the same sum)."""
+def _pq_gemm_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, M, N, KW, sx, sq, sh, sa, sb,
+                    so, so_split, kw_len, one, QT: tl.constexpr, E: tl.constexpr,
+                    H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    FP32: tl.constexpr):
+    """Prefill (and decode T = 2..16 on CUDA, BLOCK_M = 16): per field j, the [BN, 4H] weights
+    (w = A f + B) times the matching [BM, 4H] activations with tl.dot (the K terms may come
+    in any order). Program (m, n, k) covers words [k * kw_len, +kw_len) (split K)."""
     EV: tl.constexpr = 4 * E
     pm = tl.program_id(0)
     pn = tl.program_id(1)
+    pk = tl.program_id(2)
     mm = pm * BLOCK_M + tl.arange(0, BLOCK_M)
     nn = pn * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = mm < M
@@ -503,17 +506,24 @@ def _pq_gemm_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, M, N, K, sx, s
     xoff = tl.reshape(v3 * EV + w3, (1, 4 * H))
     xrow = x_ptr + mm.to(tl.int64)[:, None] * sx
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(0, K, H * EV):
-        words = tl.load(qs_ptr + n3 * sq + (k0 // E + v3 * 4 + w3))
+    kwbeg = pk * kw_len
+    kwend = tl.minimum(kwbeg + kw_len, KW)
+    for kw in range(kwbeg, kwend, H * 4):
+        k0 = kw * E
+        vm3 = (kw + v3 * 4) < kwend
+        words = tl.load(qs_ptr + n3 * sq + (kw + v3 * 4 + w3), mask=vm3, other=0)
         if QT == 3 or QT == 4:
-            hi = tl.load(qh_ptr + n3 * sh + (k0 // 8 + v3 * 4 + w3)).to(tl.int32)
+            hi = tl.load(qh_ptr + n3 * sh + (kw * E // 8 + v3 * 4 + w3), mask=vm3,
+                         other=0).to(tl.int32)
         else:
             hi = words
-        A, B = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT, 0)
+        vs = tl.where(kw + v2 * 4 < kwend, v2, 0)
+        A, B = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, vs, QT, 0)
         if QT == 4:
-            A1, B1 = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT, 1)
+            A1, B1 = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, vs, QT, 1)
         else:
             A1, B1 = A, B
+        xm = mmask[:, None] & tl.reshape(tl.broadcast_to(vm3, (1, H, 4)), (1, 4 * H))
         for j in tl.static_range(E):
             f = _pq_field(words, hi, j, QT, one)
             if j < 4 or QT != 4:
@@ -521,13 +531,13 @@ def _pq_gemm_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, M, N, K, sx, s
             else:
                 w = f * A1[:, :, None] + B1[:, :, None]
             w2 = tl.reshape(w, (BLOCK_N, 4 * H))
-            xt = tl.load(xrow + k0 + xoff + 4 * j, mask=mmask[:, None], other=0.0)
+            xt = tl.load(xrow + k0 + xoff + 4 * j, mask=xm, other=0.0)
             if FP32:
                 acc += tl.dot(xt, tl.trans(w2), input_precision="ieee")
             else:
                 acc += tl.dot(xt, tl.trans(w2.to(xt.dtype)))
-    tl.store(out_ptr + mm.to(tl.int64)[:, None] * so + nn[None, :],
-             acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
+    optr = out_ptr + pk * so_split + mm.to(tl.int64)[:, None] * so + nn[None, :]
+    tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
 
 
 def _pq_args(pw):
@@ -578,7 +588,11 @@ def packed_matmul(x, pw, **cfg):
     out = empty((T, N), x.dtype, x.device)
     if T == 0:
         return out
-    if T <= 16:
+    dot = cfg.pop("DOT", None)
+    if dot is None:  # tensor cores for a few rows (not on ROCm: gfx906 has no matrix cores)
+        dot = (T >= 2 and x.dtype == torch.float16 and x.device.type == "cuda"
+               and not is_rocm())
+    if T <= 16 and not dot:
         c = _pq_gemv_config(T, N, K, qt, x.device)
         c.update(cfg)
         BN, warps, split = c["BLOCK_N"], c["num_warps"], c["SPLIT"]
@@ -600,14 +614,42 @@ def packed_matmul(x, pw, **cfg):
         if split > 1:
             torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
         return out
+    return _pq_gemm(x, pw, out, **cfg)
+
+
+def _pq_gemm(x, pw, out, **cfg):
+    """Tiled tl.dot path: prefill (T > 16), and T = 2..16 fp16 on CUDA (tensor cores; the
+    broadcast GEMV costs T FMAs per weight). Split K when the tiles do not fill the GPU."""
+    T, K = x.shape
+    N = pw.shape[0]
+    qt = pw.qtype
+    QT, E = PQ_QTYPES[qt], PQ_E[qt]
+    qs, qh, a, b = _pq_args(pw)
     cuda = x.device.type == "cuda"
-    block_m = cfg.pop("BLOCK_M", 64 if cuda else 16)
-    block_n = cfg.pop("BLOCK_N", 64 if cuda else 16)
-    H = cfg.pop("H", 4)
+    small = T <= 16
+    block_m = cfg.pop("BLOCK_M", 16 if small else (64 if cuda else 16))
+    block_n = cfg.pop("BLOCK_N", 32 if small else (64 if cuda else 16))
+    H = cfg.pop("H", 8 if E == 4 else 4)
     warps = cfg.pop("num_warps", 4)
-    assert K % (H * 4 * E) == 0
-    _pq_gemm_kernel[(triton.cdiv(T, block_m), triton.cdiv(N, block_n))](
-        x, qs, qh, a, b, out, T, N, K, x.stride(0), qs.stride(0), qh.stride(0), a.stride(0),
-        b.stride(0), out.stride(0), 0x3F800000, QT=QT, E=E, H=H, BLOCK_M=block_m,
-        BLOCK_N=block_n, FP32=x.dtype == torch.float32, num_warps=warps)
+    split = cfg.pop("SPLIT", None)
+    KW = K // E
+    progs = triton.cdiv(T, block_m) * triton.cdiv(N, block_n)
+    if split is None:
+        split = 1
+        while progs * split * 2 <= 4 * num_sms(x.device) and KW // (split * 2) >= 256:
+            split *= 2
+    step = 4 * H
+    kw_len = triton.cdiv(triton.cdiv(KW, split), step) * step
+    split = triton.cdiv(KW, kw_len)
+    if split == 1:
+        dst, so_split = out, 0
+    else:
+        dst = torch.empty((split, T, N), dtype=torch.float32, device=x.device)
+        so_split = T * N
+    _pq_gemm_kernel[(triton.cdiv(T, block_m), triton.cdiv(N, block_n), split)](
+        x, qs, qh, a, b, dst, T, N, KW, x.stride(0), qs.stride(0), qh.stride(0), a.stride(0),
+        b.stride(0), dst.stride(-2), so_split, kw_len, 0x3F800000, QT=QT, E=E, H=H,
+        BLOCK_M=block_m, BLOCK_N=block_n, FP32=x.dtype == torch.float32, num_warps=warps)
+    if split > 1:
+        torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
     return out

@@ -75,6 +75,18 @@ def test_packed_gemv_configs(qtype, T, cfg):
     assert_close(packed_call(x, p, **cfg), registry.call_reference("linear", x, w))
 
 
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("cfg", [dict(DOT=True), dict(DOT=True, SPLIT=3, BLOCK_N=8)])
+def test_packed_dot_path_few_rows(qtype, cfg):
+    # the tensor-core path CUDA takes for T = 2..16 in fp16 (BLOCK_M = 16), split K with tails
+    g = torch.Generator().manual_seed(54)
+    N, K = 11, 768
+    w = qweight(N, K, qtype, 16)
+    p = repack.pack(w.data, qtype, w.shape)
+    x = randn(5, K, dtype=torch.float16, gen=g)
+    assert_close(packed_call(x, p, **cfg), registry.call_reference("linear", x, w))
+
+
 def test_packed_strided_rows_and_fp16():
     g = torch.Generator().manual_seed(52)
     N, K = 9, 512
