@@ -563,9 +563,18 @@ def warp_size(device) -> int:
 def _pq_gemv_config(T, N, K, qtype, device):
     """BLOCK_N rows per program (rows live in registers: each thread reuses its activations for
     all of them and keeps BLOCK_N 16-byte loads in flight), num_warps, and a split of K so
-    that there are about 4 programs per SM/CU."""
+    that there are about 4 programs per SM/CU. Row counts from the register use of the
+    compiled kernel: sm_90 T=1 Q8_0/Q4_K BLOCK_N=8 64/96 registers, Q5_K/Q6_K BLOCK_N=4 96-124;
+    gfx9 (wave64, 256 VGPRs per lane and SIMD) BLOCK_N=4 about 70-80 VGPRs, Q5_K/Q6_K half
+    that many rows."""
     bt = next_pow2(T)
-    block_n = {1: 8, 2: 8, 4: 4, 8: 2, 16: 1}[bt]
+    wide = qtype in ("Q5_K", "Q6_K")          # two planes per element: more registers
+    if is_rocm():
+        block_n = {1: 4, 2: 2}.get(bt, 1)
+    else:
+        block_n = {1: 8, 2: 8, 4: 4, 8: 2}.get(bt, 1)
+    if wide:
+        block_n = max(1, block_n // 2)
     warps = 4
     block_n = min(block_n, next_pow2(N))
     progs = triton.cdiv(N, block_n)
