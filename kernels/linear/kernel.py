@@ -636,16 +636,25 @@ def _pq_gemm(x, pw, out, **cfg):
     qs, qh, a, b = _pq_args(pw)
     cuda = x.device.type == "cuda"
     small = T <= 16
-    block_m = cfg.pop("BLOCK_M", 16 if small else (64 if cuda else 16))
-    block_n = cfg.pop("BLOCK_N", 32 if small else (64 if cuda else 16))
-    H = cfg.pop("H", 8 if E == 4 else 4)
-    warps = cfg.pop("num_warps", 4)
+    if small:
+        # sm_90 register use with BLOCK_N=64: Q8_0 H=16 4 warps 145 regs (128 B of weights per
+        # thread and iteration), Q4 H=16 8 warps 102, Q5_K/Q6_K H=8 4 warps 133: enough bytes
+        # in flight per SM with 2-3 programs resident
+        d_h, d_w = {"Q8_0": (16, 4), "Q5_K": (8, 4), "Q6_K": (8, 4)}.get(qt, (16, 8))
+        d_m, d_n = 16, 64
+    else:
+        d_h, d_w = (8 if E == 4 else 4), 4
+        d_m, d_n = (64, 64) if cuda else (16, 16)
+    block_m = cfg.pop("BLOCK_M", d_m)
+    block_n = cfg.pop("BLOCK_N", d_n)
+    H = cfg.pop("H", d_h)
+    warps = cfg.pop("num_warps", d_w)
     split = cfg.pop("SPLIT", None)
     KW = K // E
     progs = triton.cdiv(T, block_m) * triton.cdiv(N, block_n)
     if split is None:
         split = 1
-        while progs * split * 2 <= 4 * num_sms(x.device) and KW // (split * 2) >= 256:
+        while progs * split * 2 <= 4 * num_sms(x.device) and KW // (split * 2) >= 8 * H:
             split *= 2
     step = 4 * H
     kw_len = triton.cdiv(triton.cdiv(KW, split), step) * step
