@@ -190,8 +190,10 @@ def bench_linear_quant(quick):
 
     types = LINQ_TYPES
     shapes = LINQ_SHAPES
-    sweep = [dict(BLOCK_N=2, num_warps=4), dict(BLOCK_N=4, num_warps=4),
-             dict(BLOCK_N=8, num_warps=4), dict(BLOCK_N=4, num_warps=8)]
+    sweep = [dict(BLOCK_N=4, num_warps=4), dict(BLOCK_N=8, num_warps=4),
+             dict(BLOCK_N=4, num_warps=8)]
+    # T = 8 takes the tensor-core tile path on CUDA (BLOCK_M = 16); a few tile shapes
+    sweep_dot = [dict(BLOCK_N=64, H=8, num_warps=4), dict(BLOCK_N=128, H=8, num_warps=8)]
     l2 = _l2_bytes()
     print(f"# linear-quant: L2 {l2 >> 20} MiB; weights rotate through >= 4x L2 of copies")
     for N, K in shapes:
@@ -221,10 +223,11 @@ def bench_linear_quant(quick):
 
                 ms_old = bench_graph(old, rep=50) / ncopy
                 ms_new = run_new({})
-                cfg_note = f"default {linear_kernel._pq_gemv_config(T, N, K, qt, x.device)}"
-                if T == 1 and not quick and (N, K) == shapes[0]:
+                cfg_note = (f"default {linear_kernel._pq_gemv_config(T, N, K, qt, x.device)}"
+                            if T == 1 or torch.version.hip else "default (dot path)")
+                if not quick and (N, K) == shapes[0]:
                     res = []
-                    for cfg in sweep:
+                    for cfg in (sweep if T == 1 else sweep_dot):
                         try:
                             res.append((run_new(cfg), cfg))
                         except Exception as e:  # a config may not compile on every target
@@ -232,8 +235,9 @@ def bench_linear_quant(quick):
                     res.sort(key=lambda r: r[0])
                     if res:
                         cfg_note += f"; sweep best {res[0][1]} {res[0][0] * 1e3:.1f} us"
-                        cfg_note += " (" + ", ".join(f"{c['BLOCK_N']}/{c['num_warps']}w "
-                                                     f"{t * 1e3:.1f}" for t, c in res) + ")"
+                        cfg_note += " (" + ", ".join(
+                            "/".join(str(v) for v in c.values()) + f" {t * 1e3:.1f}"
+                            for t, c in res) + ")"
                 gb_old = nbytes / (ms_old * 1e-3) / 1e9
                 gb_new = nbytes / (ms_new * 1e-3) / 1e9
                 name = f"9B {qt} {N}x{K} T={T}"
