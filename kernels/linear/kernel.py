@@ -575,13 +575,17 @@ def _pq_gemv_config(T, N, K, qtype, device):
         block_n = {1: 8, 2: 8, 4: 4, 8: 2}.get(bt, 1)
     if wide:
         block_n = max(1, block_n // 2)
-    warps = 4
+    kw = K // PQ_E[qtype]
+    # one iteration covers 4 * threads words: fewer warps where that would leave a masked
+    # tail (27B: K = 5120, 17408 are 5 and 17 times 1024 elements)
+    ws = warp_size(device)
+    warps = next((w for w in (4, 2, 1) if kw % (4 * ws * w) == 0), 4)
     block_n = min(block_n, next_pow2(N))
     progs = triton.cdiv(N, block_n)
     want = 4 * num_sms(device)
-    kw = K // PQ_E[qtype]
     split = 1
-    while progs * split * 2 <= want and kw // (split * 2) >= 1024:
+    while (progs * split * 2 <= want and kw % (split * 2) == 0
+           and (kw // (split * 2)) % (4 * ws * warps) == 0 and kw // (split * 2) >= 1024):
         split *= 2
     return dict(BLOCK_N=block_n, num_warps=warps, SPLIT=split)
 
