@@ -355,13 +355,32 @@ def _pq_field(words, hi, J: tl.constexpr, QT: tl.constexpr, one):
     if QT == 3:  # 5 bits (low nibble | high bit << 4) under the exponent: 1 + q / 32
         h = ((hi >> J) << 22) & (1 << 22)
         f = (((words >> (4 * J)) << 18) & (15 << 18)) | h | one
-    elif QT == 4:  # 6 bits (low nibble | 2 high bits << 4): 1 + q / 64
-        h = ((hi >> (2 * J)) << 21) & (3 << 21)
-        f = (((words >> (4 * J)) << 17) & (15 << 17)) | h | one
+    elif QT == 4:  # words/hi = _q6_bytes: field J is byte J // 2 of one of them; 1 + q / 64
+        if J % 2 == 0:
+            c = words
+        else:
+            c = hi
+        f = (((c >> (8 * (J // 2))) << 17) & (63 << 17)) | one
     else:  # 4 bits: 1 + q / 16
         f = (((words >> (4 * J)) << 19) & (15 << 19)) | one
     f = f.to(tl.float32, bitcast=True)
     return f
+
+
+@triton.jit
+def _q6_bytes(words, hi):
+    """Q6_K: the 6-bit quants of the even / odd fields of each word, one per byte (low nibble |
+    2 high bits << 4), so a field then costs a shift and an and-or like Q8_0. The high bits
+    (field j at bits 2j of hi) are spread from 4-bit to 8-bit spacing in two steps."""
+    he = hi & 0x3333                       # fields 0, 2, 4, 6 at bits 4i
+    ho = (hi >> 2) & 0x3333                # fields 1, 3, 5, 7
+    he = (he | (he << 8)) & 0x00FF00FF
+    ho = (ho | (ho << 8)) & 0x00FF00FF
+    he = (he | (he << 4)) & 0x0F0F0F0F     # now at bits 8i
+    ho = (ho | (ho << 4)) & 0x0F0F0F0F
+    even = (words & 0x0F0F0F0F) | (he << 4)
+    odd = ((words >> 4) & 0x0F0F0F0F) | (ho << 4)
+    return even, odd
 
 
 @triton.jit
@@ -448,6 +467,8 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
                 hi = tl.load(hptr, mask=vm3, other=0).to(tl.int32)
         else:
             hi = words
+        if QT == 4:
+            words, hi = _q6_bytes(words, hi)
         if QT == 4:  # fields 0-3 and 4-7 have their own scales
             p0 = tl.zeros([H, BLOCK_T, BLOCK_N, 4], tl.float32)
             p1 = tl.zeros([H, BLOCK_T, BLOCK_N, 4], tl.float32)
@@ -517,6 +538,8 @@ def _pq_gemm_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, M, N, KW, sx, 
                          other=0).to(tl.int32)
         else:
             hi = words
+        if QT == 4:
+            words, hi = _q6_bytes(words, hi)
         vs = tl.where(kw + v2 * 4 < kwend, v2, 0)
         A, B = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, vs, QT, 0)
         if QT == 4:
