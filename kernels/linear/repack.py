@@ -103,10 +103,35 @@ def _side(q: torch.Tensor, bits: int, dtype) -> torch.Tensor:
     return w.to(dtype).reshape(n, m // 8)
 
 
+# elements repacked per step: bounds the int64/int32 per-element temporaries (~8 x this many
+# bytes) however large the weight (a 248k x 5120 output projection is 1.3G elements)
+CHUNK_ELEMENTS = 1 << 22
+
+
 @torch.no_grad()
 def pack(raw: torch.Tensor, qtype: str, shape) -> PackedQuant:
-    """raw GGUF blocks uint8 [rows, row_bytes] -> PackedQuant, on raw's device."""
+    """raw GGUF blocks uint8 [rows, row_bytes] -> PackedQuant, on raw's device; rows are
+    repacked in chunks into preallocated planes (peak memory: raw + packed + one chunk)."""
     rows, K = int(shape[0]), int(shape[1])
+    raw = raw.reshape(rows, -1)
+    step = max(1, CHUNK_ELEMENTS // max(1, K))
+    if rows <= step:
+        return _pack_rows(raw, qtype, rows, K)
+    first = _pack_rows(raw[:step], qtype, step, K)
+    planes = {k: torch.empty((rows,) + tuple(v.shape[1:]), dtype=v.dtype, device=v.device)
+              for k, v in first.planes.items()}
+    for k, v in first.planes.items():
+        planes[k][:step] = v
+    del first
+    for r0 in range(step, rows, step):
+        r1 = min(rows, r0 + step)
+        part = _pack_rows(raw[r0:r1], qtype, r1 - r0, K)
+        for k, v in part.planes.items():
+            planes[k][r0:r1] = v
+    return PackedQuant(qtype, (rows, K), planes)
+
+
+def _pack_rows(raw: torch.Tensor, qtype: str, rows: int, K: int) -> PackedQuant:
     be, bb = BLOCKS[qtype]
     blocks = raw.reshape(-1, bb)
     nb = blocks.shape[0]

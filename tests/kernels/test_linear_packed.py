@@ -97,6 +97,16 @@ def test_packed_strided_rows_and_fp16():
     assert_close(registry.call_triton("linear", x, p), registry.call_reference("linear", x, w))
 
 
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_pack_in_row_chunks(qtype, monkeypatch):
+    raw = random_blocks(7, 512, qtype, 17)
+    whole = repack.pack(raw, qtype, (7, 512))
+    monkeypatch.setattr(repack, "CHUNK_ELEMENTS", 3 * 512)        # chunks of 3 rows: 3+3+1
+    parts = repack.pack(raw, qtype, (7, 512))
+    for k in whole.planes:
+        assert torch.equal(parts.planes[k], whole.planes[k])
+
+
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
 def test_rows_stack_and_select(qtype):
     a = random_blocks(5, 512, qtype, 9)
