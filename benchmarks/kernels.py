@@ -227,7 +227,10 @@ def bench_linear_quant(quick):
                             if T == 1 or torch.version.hip else "default (dot path)")
                 if not quick and (N, K) == shapes[0]:
                     res = []
-                    for cfg in (sweep if T == 1 else sweep_dot):
+                    base = linear_kernel._pq_gemv_config(T, N, K, qt, x.device)
+                    flip = dict(BLOCK_N=base["BLOCK_N"], num_warps=base["num_warps"],
+                                PREFETCH=qt not in ("Q8_0", "Q6_K"))   # the other default
+                    for cfg in (sweep + [flip] if T == 1 else sweep_dot):
                         try:
                             res.append((run_new(cfg), cfg))
                         except Exception as e:  # a config may not compile on every target

@@ -420,13 +420,15 @@ def _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT: tl.constexpr, HALF: tl.cons
 def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, sq, sh, sa, sb,
                     so, so_split, kw_len, one,
                     QT: tl.constexpr, E: tl.constexpr, H: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr):
+                    BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr,
+                    PREFETCH: tl.constexpr = False):
     """out[t, n] (or split-K partial pid_k) = x[t] . w[n] over words [pid_k * kw_len, +kw_len).
 
     H = threads per program. Tiles are [H, BLOCK_T, BLOCK_N, 4] with the vector axis first,
     so Triton puts every thread on it and keeps tokens, rows and the 4 words of a vector in
     registers: the activations a thread loads and converts serve all its rows, words and
-    activations share one layout, and nothing crosses threads until after the loop."""
+    activations share one layout, and nothing crosses threads until after the loop.
+    PREFETCH: the next iteration's words are loaded before this one is decoded (EVEN only)."""
     EV: tl.constexpr = 4 * E
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -447,10 +449,19 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
     acc = tl.zeros([H, BLOCK_T, BLOCK_N], tl.float32)
     kwbeg = pid_k * kw_len
     kwend = tl.minimum(kwbeg + kw_len, KW)
+    wnext = tl.zeros([H, BLOCK_N, 4], tl.int32)
+    if PREFETCH:
+        wnext = tl.load(qs_ptr + n3 * sq + (kwbeg + v3 * 4 + w3))
     for kw in range(kwbeg, kwend, H * 4):      # vector 0 of every iteration is in the row
         k0 = kw * E
         wptr = qs_ptr + n3 * sq + (kw + v3 * 4 + w3)
-        if EVEN:
+        if PREFETCH:
+            words = wnext
+            nxt = kw + H * 4
+            wnext = tl.load(wptr + H * 4, mask=(nxt + v3 * 0) < kwend, other=0)
+            xm = tm
+            vs = v2
+        elif EVEN:
             words = tl.load(wptr)                                           # [H, BN, 4] int32
             xm = tm
             vs = v2
@@ -461,7 +472,7 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
             vs = tl.where(kw + v2 * 4 < kwend, v2, 0)  # masked vectors' terms are 0 anyway
         if QT == 3 or QT == 4:
             hptr = qh_ptr + n3 * sh + (kw * E // 8 + v3 * 4 + w3)
-            if EVEN:
+            if EVEN or PREFETCH:
                 hi = tl.load(hptr).to(tl.int32)
             else:
                 hi = tl.load(hptr, mask=vm3, other=0).to(tl.int32)
@@ -637,6 +648,12 @@ def packed_matmul(x, pw, **cfg):
         kw_len = triton.cdiv(triton.cdiv(KW, split), 16) * 16
         split = triton.cdiv(KW, kw_len)
         even = kw_len % (4 * H) == 0 and KW % kw_len == 0
+        prefetch = c.get("PREFETCH")
+        if prefetch is None:  # several iterations per program: overlap the next load (sm_90:
+            # free for Q8_0/Q6_K, Q4_K would go from 96 to 168 registers; unmeasured on ROCm)
+            prefetch = (even and kw_len // (4 * H) >= 2 and not is_rocm()
+                        and qt in ("Q8_0", "Q6_K"))
+        prefetch = bool(prefetch) and even
         bt = next_pow2(T)
         if split == 1:
             dst, so_split = out, 0
@@ -646,7 +663,8 @@ def packed_matmul(x, pw, **cfg):
         _pq_gemv_kernel[(triton.cdiv(N, BN), split)](
             x, qs, qh, a, b, dst, N, T, KW, x.stride(0), qs.stride(0), qh.stride(0),
             a.stride(0), b.stride(0), dst.stride(-2), so_split, kw_len, 0x3F800000,
-            QT=QT, E=E, H=H, BLOCK_N=BN, BLOCK_T=bt, EVEN=even, num_warps=warps)
+            QT=QT, E=E, H=H, BLOCK_N=BN, BLOCK_T=bt, EVEN=even, PREFETCH=prefetch,
+            num_warps=warps)
         if split > 1:
             torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
         return out
