@@ -368,18 +368,14 @@ def _pq_field(words, hi, J: tl.constexpr, QT: tl.constexpr, one):
 
 
 @triton.jit
-def _q6_bytes(words, hi):
+def _q6_bytes(words, hi, w3):
     """Q6_K: the 6-bit quants of the even / odd fields of each word, one per byte (low nibble |
-    2 high bits << 4), so a field then costs a shift and an and-or like Q8_0. The high bits
-    (field j at bits 2j of hi) are spread from 4-bit to 8-bit spacing in two steps."""
-    he = hi & 0x3333                       # fields 0, 2, 4, 6 at bits 4i
-    ho = (hi >> 2) & 0x3333                # fields 1, 3, 5, 7
-    he = (he | (he << 8)) & 0x00FF00FF
-    ho = (ho | (ho << 8)) & 0x00FF00FF
-    he = (he | (he << 4)) & 0x0F0F0F0F     # now at bits 8i
-    ho = (ho | (ho << 4)) & 0x0F0F0F0F
-    even = (words & 0x0F0F0F0F) | (he << 4)
-    odd = ((words >> 4) & 0x0F0F0F0F) | (ho << 4)
+    2 high bits << 4), so a field then costs a shift and an and-or like Q8_0. `hi` is the
+    int32 high word shared by words 2p and 2p+1 (repack._q6_pos: bits already in place; the
+    odd word's sit 4 bits lower)."""
+    g = hi << ((w3 % 2) * 4)
+    even = (words & 0x0F0F0F0F) | (g & 0x30303030)
+    odd = ((words >> 4) & 0x0F0F0F0F) | ((g >> 2) & 0x30303030)
     return even, odd
 
 
@@ -471,7 +467,10 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
             xm = tm & vm3[:, None]
             vs = tl.where(kw + v2 * 4 < kwend, v2, 0)  # masked vectors' terms are 0 anyway
         if QT == 3 or QT == 4:
-            hptr = qh_ptr + n3 * sh + (kw * E // 8 + v3 * 4 + w3)
+            if QT == 3:   # a byte per quant word
+                hptr = qh_ptr + n3 * sh + (kw + v3 * 4 + w3)
+            else:         # an int32 per two quant words
+                hptr = qh_ptr + n3 * sh + (kw // 2 + v3 * 2 + w3 // 2)
             if EVEN or PREFETCH:
                 hi = tl.load(hptr).to(tl.int32)
             else:
@@ -479,7 +478,7 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
         else:
             hi = words
         if QT == 4:
-            words, hi = _q6_bytes(words, hi)
+            words, hi = _q6_bytes(words, hi, w3)
         if QT == 4:  # fields 0-3 and 4-7 have their own scales
             p0 = tl.zeros([H, BLOCK_T, BLOCK_N, 4], tl.float32)
             p1 = tl.zeros([H, BLOCK_T, BLOCK_N, 4], tl.float32)
@@ -544,13 +543,14 @@ def _pq_gemm_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, M, N, KW, sx, 
         k0 = kw * E
         vm3 = (kw + v3 * 4) < kwend
         words = tl.load(qs_ptr + n3 * sq + (kw + v3 * 4 + w3), mask=vm3, other=0)
-        if QT == 3 or QT == 4:
-            hi = tl.load(qh_ptr + n3 * sh + (kw * E // 8 + v3 * 4 + w3), mask=vm3,
-                         other=0).to(tl.int32)
+        if QT == 3:
+            hi = tl.load(qh_ptr + n3 * sh + (kw + v3 * 4 + w3), mask=vm3, other=0).to(tl.int32)
+        elif QT == 4:
+            hi = tl.load(qh_ptr + n3 * sh + (kw // 2 + v3 * 2 + w3 // 2), mask=vm3, other=0)
         else:
             hi = words
         if QT == 4:
-            words, hi = _q6_bytes(words, hi)
+            words, hi = _q6_bytes(words, hi, w3)
         vs = tl.where(kw + v2 * 4 < kwend, v2, 0)
         A, B = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, vs, QT, 0)
         if QT == 4:

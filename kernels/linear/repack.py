@@ -8,7 +8,8 @@ reads each row with 16-byte vector loads and decodes whole 32-bit words.
 Quants are 32-bit words grouped in 16-byte vectors of 4 words = 4E elements (E = 4 for 8-bit
 quants, 8 for 4-bit); inside a vector, field j (bits [b*j, b*(j+1))) of word w holds element
 4j + w, so the activations one field meets are 4 consecutive elements. Q5_K/Q6_K keep their
-high bits in a side plane with one byte / int16 per quant word, field j again.
+high bits in a side plane (Q5_K: a byte per quant word, bit j for field j; Q6_K: an int32 per
+two quant words with the bits already where the kernel combines them).
 
 | type | planes (per row of K elements) | bytes / GGUF bytes |
 | --- | --- | --- |
@@ -16,7 +17,7 @@ high bits in a side plane with one byte / int16 per quant word, field j again.
 | Q4_0 | qs int32 [K/8] (nibbles, value q - 8); d fp16 [K/32] | 1.000 |
 | Q4_K | qs int32 [K/8]; dm int32 [K/256] (fp16 d, fp16 dmin); scm int16 [K/32] (6-bit scale \| min << 8) | 148/144 = 1.028 |
 | Q5_K | qs int32 [K/8] (low nibbles); qh uint8 [K/8] (bit j: 5th bit of field j); dm, scm as Q4_K | 180/176 = 1.023 |
-| Q6_K | qs int32 [K/8] (low nibbles); qh int16 [K/8] (bits 2j, 2j+1: high bits of field j); sc int8 [K/16]; d fp16 [K/256] | 210/210 = 1.000 |
+| Q6_K | qs int32 [K/8] (low nibbles); qh int32 [K/16] (high bits of 2 quant words, pre-placed: _q6_pos); sc int8 [K/16]; d fp16 [K/256] | 210/210 = 1.000 |
 
 All scales stay exact (GGUF's fp16 d/dmin and integer sub-block scales; products are formed in
 fp32 in the kernel), so the packed weight dequantizes bit-for-bit like the GGUF blocks.
@@ -103,6 +104,34 @@ def _side(q: torch.Tensor, bits: int, dtype) -> torch.Tensor:
     return w.to(dtype).reshape(n, m // 8)
 
 
+def _q6_pos(device):
+    """Bit position, in its int32 high word, of the 2 high bits of field j of quant word w of a
+    vector (Q6_K): words 2p and 2p+1 share high word p; even fields 2i sit at 8i + 4 (word 2p)
+    or 8i (word 2p+1), odd fields 2i+1 two bits higher. The kernel shifts word 2p+1's by 4 and
+    masks 0x30303030 (even fields) or shifts by 2 more (odd): the high bits land right above
+    the low nibbles of `even = qs & 0x0F0F0F0F` / `odd = (qs >> 4) & 0x0F0F0F0F`."""
+    j = torch.arange(8, device=device)[:, None]
+    w = torch.arange(4, device=device)[None, :]
+    return 8 * (j // 2) + 4 + 2 * (j % 2) - 4 * (w % 2)                # [8 fields, 4 words]
+
+
+def _q6_high(hi: torch.Tensor) -> torch.Tensor:
+    """High 2 bits [n, m] (natural order) -> int32 [n, m/16] (see _q6_pos)."""
+    n, m = hi.shape
+    q = hi.to(torch.int64).view(n, m // 32, 8, 4)                       # [n, V, j, w]
+    v = (q << _q6_pos(hi.device)).view(n, m // 32, 8, 2, 2).sum((2, 4))  # [n, V, p]
+    v = torch.where(v >= 1 << 31, v - (1 << 32), v)
+    return v.to(torch.int32).reshape(n, m // 16)
+
+
+def _q6_unhigh(w: torch.Tensor) -> torch.Tensor:
+    n = w.shape[0]
+    w = w.to(torch.int64).view(n, -1, 1, 2, 1) & 0xFFFFFFFF                # [n, V, 1, p, 1]
+    pos = _q6_pos(w.device).view(1, 1, 8, 2, 2)                          # [.., j, p, r]
+    q = (w >> pos) & 3                                                   # [n, V, j, p, r]
+    return q.reshape(n, -1)                                              # element 4j + w
+
+
 # elements repacked per step: bounds the int64/int32 per-element temporaries (~8 x this many
 # bytes) however large the weight (a 248k x 5120 output projection is 1.3G elements)
 CHUNK_ELEMENTS = 1 << 22
@@ -172,7 +201,7 @@ def _pack_rows(raw: torch.Tensor, qtype: str, rows: int, K: int) -> PackedQuant:
         d = blocks[:, 208:210].contiguous().view(torch.float16).reshape(rows, K // 256)
         return PackedQuant(qtype, (rows, K), {
             "qs": _words(lo.reshape(rows, K), 4),
-            "qh": _side(hi.reshape(rows, K), 2, torch.int16),
+            "qh": _q6_high(hi.reshape(rows, K)),
             "sc": sc.contiguous(), "d": d.contiguous()})
     raise ValueError(f"no packed layout for {qtype}")
 
@@ -230,7 +259,7 @@ def dequantize_packed(p: PackedQuant) -> torch.Tensor:
         y = (d * sc)[..., None] * q - (dmin * m)[..., None]
         return y.reshape(rows, K)
     if p.qtype == "Q6_K":
-        q = (_unwords(P["qs"], 4) + 16 * _unside(P["qh"], 2)).float() - 32.0
+        q = (_unwords(P["qs"], 4) + 16 * _q6_unhigh(P["qh"])).float() - 32.0
         d = P["d"].float().repeat_interleave(16, 1)
         s = (d * P["sc"].float()).repeat_interleave(16, 1)
         return q * s
