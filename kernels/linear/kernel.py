@@ -352,9 +352,12 @@ def _pq_field(words, hi, J: tl.constexpr, QT: tl.constexpr, one):
         m8 = one ^ (128 << 15)
         f = (((words >> (8 * J)) << 15) & (255 << 15)) ^ m8             # 1 + (q + 128) / 256
         return f.to(tl.float32, bitcast=True)
-    if QT == 3:  # 5 bits (low nibble | high bit << 4) under the exponent: 1 + q / 32
-        h = ((hi >> J) << 22) & (1 << 22)
-        f = (((words >> (4 * J)) << 18) & (15 << 18)) | h | one
+    if QT == 3:  # words/hi = _q5_bytes: 5 bits in byte J // 2 of one of them: 1 + q / 32
+        if J % 2 == 0:
+            c = words
+        else:
+            c = hi
+        f = (((c >> (8 * (J // 2))) << 18) & (31 << 18)) | one
     elif QT == 4:  # words/hi = _q6_bytes: field J is byte J // 2 of one of them; 1 + q / 64
         if J % 2 == 0:
             c = words
@@ -365,6 +368,16 @@ def _pq_field(words, hi, J: tl.constexpr, QT: tl.constexpr, one):
         f = (((words >> (4 * J)) << 19) & (15 << 19)) | one
     f = f.to(tl.float32, bitcast=True)
     return f
+
+
+@triton.jit
+def _q5_bytes(words, hv, w3):
+    """Q5_K: the 5-bit quants of the even / odd fields of each word, one per byte. `hv` is the
+    vector's int32 of 5th bits (repack._q5_pos), broadcast over its 4 words."""
+    g = tl.where(w3 == 3, hv >> 2, hv << (4 - 2 * tl.minimum(w3, 2)))
+    even = (words & 0x0F0F0F0F) | (g & 0x10101010)
+    odd = ((words >> 4) & 0x0F0F0F0F) | ((g >> 1) & 0x10101010)
+    return even, odd
 
 
 @triton.jit
@@ -467,8 +480,9 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
             xm = tm & vm3[:, None]
             vs = tl.where(kw + v2 * 4 < kwend, v2, 0)  # masked vectors' terms are 0 anyway
         if QT == 3 or QT == 4:
-            if QT == 3:   # a byte per quant word
-                hptr = qh_ptr + n3 * sh + (kw + v3 * 4 + w3)
+            if QT == 3:   # an int32 per vector, shared by its 4 words (index written so the
+                # load is not seen as contiguous along H: it keeps the words' layout)
+                hptr = qh_ptr + n3 * sh + (kw // 4 + (v3 * 4 + w3) // 4)
             else:         # an int32 per two quant words
                 hptr = qh_ptr + n3 * sh + (kw // 2 + v3 * 2 + w3 // 2)
             if EVEN or PREFETCH:
@@ -477,6 +491,8 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
                 hi = tl.load(hptr, mask=vm3, other=0).to(tl.int32)
         else:
             hi = words
+        if QT == 3:
+            words, hi = _q5_bytes(words, hi, w3)
         if QT == 4:
             words, hi = _q6_bytes(words, hi, w3)
         if QT == 4:  # fields 0-3 and 4-7 have their own scales
@@ -544,11 +560,13 @@ def _pq_gemm_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, M, N, KW, sx, 
         vm3 = (kw + v3 * 4) < kwend
         words = tl.load(qs_ptr + n3 * sq + (kw + v3 * 4 + w3), mask=vm3, other=0)
         if QT == 3:
-            hi = tl.load(qh_ptr + n3 * sh + (kw + v3 * 4 + w3), mask=vm3, other=0).to(tl.int32)
+            hi = tl.load(qh_ptr + n3 * sh + (kw // 4 + (v3 * 4 + w3) // 4), mask=vm3, other=0)
         elif QT == 4:
             hi = tl.load(qh_ptr + n3 * sh + (kw // 2 + v3 * 2 + w3 // 2), mask=vm3, other=0)
         else:
             hi = words
+        if QT == 3:
+            words, hi = _q5_bytes(words, hi, w3)
         if QT == 4:
             words, hi = _q6_bytes(words, hi, w3)
         vs = tl.where(kw + v2 * 4 < kwend, v2, 0)

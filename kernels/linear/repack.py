@@ -8,15 +8,15 @@ reads each row with 16-byte vector loads and decodes whole 32-bit words.
 Quants are 32-bit words grouped in 16-byte vectors of 4 words = 4E elements (E = 4 for 8-bit
 quants, 8 for 4-bit); inside a vector, field j (bits [b*j, b*(j+1))) of word w holds element
 4j + w, so the activations one field meets are 4 consecutive elements. Q5_K/Q6_K keep their
-high bits in a side plane (Q5_K: a byte per quant word, bit j for field j; Q6_K: an int32 per
-two quant words with the bits already where the kernel combines them).
+high bits in a side plane (Q5_K: an int32 per vector, Q6_K: an int32 per two quant words) with
+the bits already where the kernel combines them with the low nibbles.
 
 | type | planes (per row of K elements) | bytes / GGUF bytes |
 | --- | --- | --- |
 | Q8_0 | qs int32 [K/4] (int8 fields); d fp16 [K/32] | 1.000 |
 | Q4_0 | qs int32 [K/8] (nibbles, value q - 8); d fp16 [K/32] | 1.000 |
 | Q4_K | qs int32 [K/8]; dm int32 [K/256] (fp16 d, fp16 dmin); scm int16 [K/32] (6-bit scale \| min << 8) | 148/144 = 1.028 |
-| Q5_K | qs int32 [K/8] (low nibbles); qh uint8 [K/8] (bit j: 5th bit of field j); dm, scm as Q4_K | 180/176 = 1.023 |
+| Q5_K | qs int32 [K/8] (low nibbles); qh int32 [K/32] (5th bits of a vector, pre-placed: _q5_pos); dm, scm as Q4_K | 180/176 = 1.023 |
 | Q6_K | qs int32 [K/8] (low nibbles); qh int32 [K/16] (high bits of 2 quant words, pre-placed: _q6_pos); sc int8 [K/16]; d fp16 [K/256] | 210/210 = 1.000 |
 
 All scales stay exact (GGUF's fp16 d/dmin and integer sub-block scales; products are formed in
@@ -92,18 +92,6 @@ def _words(q: torch.Tensor, bits: int) -> torch.Tensor:
     return w.to(torch.int32).reshape(n, m * bits // 32)
 
 
-def _side(q: torch.Tensor, bits: int, dtype) -> torch.Tensor:
-    """High bits [n, m] -> one `dtype` per quant word [n, m/8] (Q5_K: 1 bit, Q6_K: 2 bits):
-    field j holds the high bits of element 4j + w of the word's vector (as in _words)."""
-    n, m = q.shape
-    q = q.to(torch.int32).view(n, m // 32, 8, 4).transpose(2, 3)        # [n, V, w, j]
-    sh = torch.arange(8, device=q.device, dtype=torch.int32) * bits
-    w = (q << sh).sum(-1)
-    if dtype == torch.int16:
-        w = torch.where(w >= 1 << 15, w - (1 << 16), w)
-    return w.to(dtype).reshape(n, m // 8)
-
-
 def _q6_pos(device):
     """Bit position, in its int32 high word, of the 2 high bits of field j of quant word w of a
     vector (Q6_K): words 2p and 2p+1 share high word p; even fields 2i sit at 8i + 4 (word 2p)
@@ -130,6 +118,30 @@ def _q6_unhigh(w: torch.Tensor) -> torch.Tensor:
     pos = _q6_pos(w.device).view(1, 1, 8, 2, 2)                          # [.., j, p, r]
     q = (w >> pos) & 3                                                   # [n, V, j, p, r]
     return q.reshape(n, -1)                                              # element 4j + w
+
+
+def _q5_pos(device):
+    """Bit of the 5th bit of field j of quant word w in the vector's int32 high word (Q5_K):
+    8 * (j // 2) + 2w + j % 2. The kernel shifts word w's by 4 - 2w (w = 3: right by 2) so even
+    fields land on bit 4 of their byte slot (odd fields one higher, shifted down by 1)."""
+    j = torch.arange(8, device=device)[:, None]
+    w = torch.arange(4, device=device)[None, :]
+    return 8 * (j // 2) + 2 * w + j % 2                                  # [8 fields, 4 words]
+
+
+def _q5_high(hb: torch.Tensor) -> torch.Tensor:
+    """5th bits [n, m] (natural order) -> int32 [n, m/32], one per vector (see _q5_pos)."""
+    n, m = hb.shape
+    q = hb.to(torch.int64).view(n, m // 32, 8, 4)                       # [n, V, j, w]
+    v = (q << _q5_pos(hb.device)).sum((2, 3))
+    v = torch.where(v >= 1 << 31, v - (1 << 32), v)
+    return v.to(torch.int32)
+
+
+def _q5_unhigh(w: torch.Tensor) -> torch.Tensor:
+    n = w.shape[0]
+    w = w.to(torch.int64)[:, :, None, None] & 0xFFFFFFFF
+    return ((w >> _q5_pos(w.device)) & 1).reshape(n, -1)                # element 4j + w
 
 
 # elements repacked per step: bounds the int64/int32 per-element temporaries (~8 x this many
@@ -186,7 +198,7 @@ def _pack_rows(raw: torch.Tensor, qtype: str, rows: int, K: int) -> PackedQuant:
         if qtype == "Q5_K":
             qh = blocks[:, 16:48].to(torch.int32)                           # [nb, 32]
             hb = torch.stack([(qh >> j) & 1 for j in range(8)], 1).reshape(nb, 256)
-            planes["qh"] = _side(hb.reshape(rows, K), 1, torch.uint8)
+            planes["qh"] = _q5_high(hb.reshape(rows, K))
         return PackedQuant(qtype, (rows, K), planes)
     if qtype == "Q6_K":
         ql = blocks[:, 0:128].to(torch.int32).view(nb, 2, 64)
@@ -228,14 +240,6 @@ def _unwords(w: torch.Tensor, bits: int, signed: bool = False) -> torch.Tensor:
     return f.view(n, -1, 4, e).transpose(2, 3).reshape(n, -1)
 
 
-def _unside(w: torch.Tensor, bits: int) -> torch.Tensor:
-    n = w.shape[0]
-    w = w.to(torch.int32) & 0xFFFF
-    sh = torch.arange(8, device=w.device, dtype=torch.int32) * bits
-    f = (w[:, :, None] >> sh) & ((1 << bits) - 1)                         # [n, V*4, 8]
-    return f.view(n, -1, 4, 8).transpose(2, 3).reshape(n, -1)
-
-
 def dequantize_packed(p: PackedQuant) -> torch.Tensor:
     rows, K = p.shape
     P = p.planes
@@ -254,7 +258,7 @@ def dequantize_packed(p: PackedQuant) -> torch.Tensor:
         m = (scm >> 8).float()
         q = _unwords(P["qs"], 4)
         if p.qtype == "Q5_K":
-            q = q + 16 * _unside(P["qh"], 1)
+            q = q + 16 * _q5_unhigh(P["qh"])
         q = q.float().view(rows, K // 32, 32)
         y = (d * sc)[..., None] * q - (dmin * m)[..., None]
         return y.reshape(rows, K)
