@@ -401,14 +401,16 @@ def _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT: tl.constexpr, HALF: tl.cons
         A = 256.0 * d
         B = -384.0 * d
     elif QT == 1:  # q - 8 = 16 f - 24
-        d = tl.load(a_ptr + n2 * sa + (k0 // 32 + v2)).to(tl.float32)
+        d = tl.load(a_ptr + n2 * sa + (k0 // 32 + (v2 * 4) // 4)).to(tl.float32)
         A = 16.0 * d
         B = -24.0 * d
     elif QT == 2 or QT == 3:  # d*sc*q - dmin*m; Q4_K q = 16 f - 16, Q5_K q = 32 f - 32
         dm = tl.load(a_ptr + n2 * sa + (k0 + v2 * 32) // 256)
         d = (dm & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
         dmin = ((dm >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        scm = tl.load(b_ptr + n2 * sb + (k0 // 32 + v2)).to(tl.int32)
+        # (v2 * 4) // 4: an index Triton does not see as contiguous along the vector axis, so
+        # the load keeps the layout of the words instead of a vectorized one converted later
+        scm = tl.load(b_ptr + n2 * sb + (k0 // 32 + (v2 * 4) // 4)).to(tl.int32)
         ds = d * (scm & 255).to(tl.float32)
         if QT == 2:
             A = 16.0 * ds
