@@ -10,6 +10,9 @@
 
 All weight bytes are read from the raw GGUF blocks (uint8 [rows, row_bytes]); scales are fp16
 read byte-wise, so no alignment beyond one byte is assumed.
+
+- Repacked weights (PackedQuant, kernels/linear/repack.py, made once at load time on GPUs):
+  `packed_matmul` below, with 16-byte loads and whole-word decoding (docs/kernels-linear.md).
 """
 
 from __future__ import annotations
@@ -332,7 +335,7 @@ def linear(x, weight, **cfg):
 # A row is read as vectors of 4 int32 words (16 bytes) holding EV = 4 * E elements (E = 4
 # for 8-bit quants, 8 for 4-bit); field j of word w is element 4j + w of the vector, so the
 # activations that field j meets are 4 consecutive elements (one 8-byte load) and every tile
-# keeps the words' shape [T, BN, H, 4]: no layout shuffles, and the sum over a vector is
+# keeps the words' layout ([H, T, BN, 4], H = threads): no layout shuffles, the sum over a vector is
 # inside one thread. Each field becomes a float in [1, 2) by placing its bits under the
 # exponent (f = 1 + q / 2^bits: a shift and an and/or, no int->float conversion); per
 # vector, S = sum(f * x) and X = sum(x) give the exact dot product with the dequantized
