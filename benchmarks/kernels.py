@@ -194,8 +194,12 @@ def bench_linear_quant(quick):
              dict(BLOCK_N=4, num_warps=8)]
     # T = 8 takes the tensor-core tile path on CUDA (BLOCK_M = 16); a few tile shapes
     sweep_dot = [dict(BLOCK_N=64, H=8, num_warps=4), dict(BLOCK_N=128, H=8, num_warps=8)]
+    import time
+
+    t_start = time.perf_counter()
     l2 = _l2_bytes()
-    print(f"# linear-quant: L2 {l2 >> 20} MiB; weights rotate through >= 4x L2 of copies")
+    print(f"# linear-quant: L2 {l2 >> 20} MiB; weights rotate through >= 4x L2 of copies; "
+          "old = GGUF-block kernel, new = repacked (kernels/linear/repack.py)")
     for N, K in shapes:
         for qt in types:
             w0 = rand_blocks(N, K, qt)
@@ -254,6 +258,7 @@ def bench_linear_quant(quick):
                       f"  bytes x{over:.3f} err {err:.1e}  {cfg_note}", flush=True)
             del raws, packs, w0
             torch.cuda.empty_cache()
+    print(f"# linear-quant done in {time.perf_counter() - t_start:.0f} s", flush=True)
 
 
 def _paged(B, ctx, hk, D, bs=16):
