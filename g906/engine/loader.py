@@ -149,11 +149,19 @@ def load_model(
     device=None,
     chat_template: str | None = None,
     progress: bool = True,
+    tensor_parallel_size: int = 1,
+    devices: list[int] | None = None,
 ) -> LoadedModel:
     """Load `source` (HF dir, GGUF file, builtin:NAME) onto `device` in `dtype`.
 
     chat_template overrides the model's own template: a path to a .jinja file or the template
-    text itself."""
+    text itself. tensor_parallel_size > 1 splits the model over that many worker processes
+    (g906.engine.parallel; `devices`: one GPU index per rank); .model is then a TPModel."""
+    if int(tensor_parallel_size) > 1:
+        from g906.engine.parallel import load_model_tp
+
+        return load_model_tp(source, tensor_parallel_size=int(tensor_parallel_size), dtype=dtype, device=device,
+                             devices=devices, chat_template=chat_template, progress=progress)
     from g906.engine.models.qwen35 import Qwen35ForCausalLM
 
     dev = torch.device(device) if device is not None else default_device()
