@@ -129,13 +129,17 @@ class LLM:
                  max_num_seqs: int = 16, max_num_batched_tokens: int | None = None,
                  max_model_len: int | None = None, block_size: int = 16, gpu_memory_utilization: float = 0.9,
                  cpu_kv_cache_gib: float = 1.0, num_kv_blocks: int | None = None, seed: int | None = None,
-                 progress: bool = False, warm_up: bool = False):
+                 progress: bool = False, warm_up: bool = False, tensor_parallel_size: int | None = None):
         from g906.engine.loader import load_model
 
         plan = model if hasattr(model, "recipe") and hasattr(model, "model_source") else None
+        devices = None
         if plan is not None:
             source = plan.model_source if plan.model_format == "builtin" else str(plan.model_path)
             dtype = plan.dtype
+            devices = plan.devices
+            if tensor_parallel_size is None:
+                tensor_parallel_size = plan.tensor_parallel_size
             if plan.chat_template_path is not None:
                 chat_template = str(plan.chat_template_path)
             config = EngineConfig.from_plan(plan, num_kv_blocks=num_kv_blocks, seed=seed)
@@ -152,10 +156,15 @@ class LLM:
                 gpu_memory_utilization=gpu_memory_utilization, cpu_kv_cache_gib=cpu_kv_cache_gib,
                 num_kv_blocks=num_kv_blocks, seed=seed,
             )
-        self.loaded = load_model(source, dtype=dtype, device=device, chat_template=chat_template, progress=progress)
-        if self.loaded.tokenizer is None:
-            raise G906Error(f"{source}: the model has no tokenizer", hint="the offline API needs one to handle text")
-        self.engine = LLMEngine(self.loaded, config)
+        self.loaded = load_model(source, dtype=dtype, device=device, chat_template=chat_template, progress=progress,
+                                 tensor_parallel_size=tensor_parallel_size or 1, devices=devices)
+        try:
+            if self.loaded.tokenizer is None:
+                raise G906Error(f"{source}: the model has no tokenizer", hint="the offline API needs one to handle text")
+            self.engine = LLMEngine(self.loaded, config)
+        except BaseException:
+            self.close()
+            raise
         self.prompts = PromptBuilder(self.loaded.tokenizer, self.loaded.chat_template)
         self._counter = 0
         if warm_up:
@@ -164,6 +173,18 @@ class LLM:
     @property
     def tokenizer(self):
         return self.loaded.tokenizer
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (if any; also done at interpreter exit)."""
+        close = getattr(self.loaded.model, "close", None)
+        if callable(close):
+            close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def generate(self, prompts, sampling_params: SamplingParams | Seq[SamplingParams] | None = None, *,
                  chat_template_kwargs: dict | None = None, use_tqdm: bool = False) -> list[RequestOutput]:
