@@ -1,5 +1,6 @@
 """`g906 generate --model SOURCE --prompt TEXT [--chat] [--max-tokens N] [--temperature T]
-[--top-p P] [--top-k K] [--seed S] [--json]`: one offline generation, streamed to the terminal.
+[--top-p P] [--top-k K] [--seed S] [--tensor-parallel-size N] [--json]`: one offline generation,
+streamed to the terminal.
 
 No torch at import time."""
 
@@ -15,7 +16,8 @@ from g906.errors import UsageError
 
 
 def run_generate(*, model: str, prompt: str, chat: bool, max_tokens: int, temperature: float, top_p: float,
-                 top_k: int, seed: int | None, dtype: str, device: str | None, as_json: bool) -> int:
+                 top_k: int, seed: int | None, dtype: str, device: str | None, as_json: bool,
+                 tensor_parallel_size: int = 1) -> int:
     from g906.engine.llm import LLM
     from g906.engine.sampling_params import SamplingParams
 
@@ -25,8 +27,16 @@ def run_generate(*, model: str, prompt: str, chat: bool, max_tokens: int, temper
     except ValueError as exc:
         raise UsageError(f"bad sampling option: {exc}") from None
     t0 = time.perf_counter()
-    llm = LLM(model, dtype=dtype, device=device, progress=not as_json, max_num_seqs=1)
-    load_s = time.perf_counter() - t0
+    llm = LLM(model, dtype=dtype, device=device, progress=not as_json, max_num_seqs=1,
+              tensor_parallel_size=tensor_parallel_size)
+    try:
+        return _generate(llm, model=model, prompt=prompt, chat=chat, params=params, as_json=as_json,
+                         load_s=time.perf_counter() - t0)
+    finally:
+        llm.close()
+
+
+def _generate(llm, *, model: str, prompt: str, chat: bool, params, as_json: bool, load_s: float) -> int:
     text, ids = llm.prompts.build([{"role": "user", "content": prompt}] if chat else prompt)
     eng = llm.engine
     try:
@@ -83,8 +93,11 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("auto", "--dtype", help="auto, float32, float16 or bfloat16."),
         device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:1 ... (default: the GPU if any)."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of streaming text."),
+        tensor_parallel_size: int = typer.Option(1, "--tensor-parallel-size", "--tp", min=1,
+                                                 help="Split the model over this many devices (GPUs; on the CPU, "
+                                                 "processes over gloo)."),
     ) -> None:
         """Generate text from a model, offline (no server)."""
         raise typer.Exit(run_generate(model=model, prompt=prompt, chat=chat, max_tokens=max_tokens,
                                       temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, dtype=dtype,
-                                      device=device, as_json=as_json))
+                                      device=device, as_json=as_json, tensor_parallel_size=tensor_parallel_size))
