@@ -26,6 +26,10 @@ class ForwardContext:
     max_seqlen_k: int
     # multimodal rotary positions ([3, T]) when images are present; None for text-only steps
     mrope_positions: torch.Tensor | None = None
+    # image embeddings written over the image-pad tokens: flat token indices [K] (int64) and the
+    # rows [K, hidden] (g906/engine/vision); None when the step holds no image token
+    mm_embed_index: torch.Tensor | None = None
+    mm_embeds: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

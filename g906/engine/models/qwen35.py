@@ -24,6 +24,7 @@ from g906.engine.layers.linear import Linear
 from g906.engine.layers.mlp import MLP
 from g906.engine.layers.norms import RMSNorm
 from g906.engine.layers.rotary import RotaryEmbedding
+from g906.engine.vision.glue import multimodal_step
 from g906.engine.weights import QuantizedTensor
 from g906.errors import G906Error
 
@@ -77,12 +78,17 @@ class Qwen35TextModel(nn.Module):
         self.layers = nn.ModuleList([DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.rotary_dim, config.rope_theta, max_positions, device)
+        self.config = config
 
     def forward(self, input_ids, positions, ctx):
         x = self.embed_tokens(input_ids)
+        rotary = self.rotary
+        if ctx.mrope_positions is not None or ctx.mm_embeds is not None:
+            # image tokens in this step: their embeddings from the vision tower, M-RoPE positions
+            x, rotary = multimodal_step(x, ctx, self.config, rotary)
         residual = None
         for layer in self.layers:
-            x, residual = layer(x, residual, positions, self.rotary, ctx)
+            x, residual = layer(x, residual, positions, rotary, ctx)
         x, _ = self.norm(x, residual)
         return x
 
@@ -110,6 +116,8 @@ class Qwen35ForCausalLM(nn.Module):
       .load_weights(iterable of (hf_name, Tensor | QuantizedTensor)) -> dict (loaded bytes etc.)
       .bind_cache(ModelCache)
       .forward(input_ids [T], positions [T], ctx) -> hidden [T, H]
+           (ctx.mm_embed_index/mm_embeds: image embeddings over those tokens; ctx.mrope_positions
+           [3, T]: multimodal rotary positions, see g906/engine/vision)
       .compute_logits(hidden [N, H]) -> float32 [N, V]
     """
 
