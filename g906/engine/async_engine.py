@@ -118,7 +118,8 @@ class AsyncEngine:
             )
         self.engine.check_prompt(prompt_token_ids)
 
-    def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> "RequestStream":
+    def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 mm=None) -> "RequestStream":
         """Admit a request at once (raising EngineDead, QueueFull or ValueError) and return the async
         stream of its (index, delta) pairs for the params.n samples, interleaved as they come.
         Closing the stream early (aclose(), or cancelling the task reading it) aborts what still runs."""
@@ -135,7 +136,7 @@ class AsyncEngine:
         self._pending += n
         stream = RequestStream(self, ids, queue)
         for i, rid in enumerate(ids):
-            self._post(("add", rid, list(prompt_token_ids), params if n == 1 else params.for_child(i)))
+            self._post(("add", rid, list(prompt_token_ids), params if n == 1 else params.for_child(i), mm))
         return stream
 
     # -- the loop -----------------------------------------------------------------------------------
@@ -162,11 +163,14 @@ class AsyncEngine:
                     self._inbox.clear()
                 for cmd in cmds:
                     if cmd[0] == "add":
-                        _, rid, ids, params = cmd
+                        _, rid, ids, params, mm = cmd
                         if rid not in self._streams:
                             continue  # aborted before it was added
                         try:
-                            eng.add_request(rid, ids, params)
+                            if mm is None:
+                                eng.add_request(rid, ids, params)
+                            else:  # images: encoded once, shared by the n children
+                                eng.add_request(rid, ids, params, mm=mm)
                         except Exception as exc:  # noqa: BLE001 - goes back to the caller
                             self._deliver(rid, exc)
                     else:

@@ -127,8 +127,9 @@ class _Request:
 
 
 class LLMEngine:
-    def __init__(self, loaded, config: EngineConfig | None = None):
+    def __init__(self, loaded, config: EngineConfig | None = None, *, vision=None):
         self.loaded = loaded
+        self.vision = vision  # VisionRuntime (g906/engine/vision) when the model takes images
         self.config = config = config or EngineConfig()
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
@@ -198,13 +199,21 @@ class LLMEngine:
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, mm=None) -> None:
+        """mm: the prompt's images (MultimodalInputs from VisionRuntime.expand), encoded here once."""
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already running")
         if params.n != 1:
             raise ValueError("the engine runs n=1 requests; split n>1 into children with for_child()")
         self.check_prompt(prompt_token_ids)
+        if mm is not None:
+            if self.vision is None:
+                raise ValueError("this model does not take images")
+            if mm.prompt_len != len(prompt_token_ids):
+                raise ValueError("the images' placeholders do not match the prompt (expand it with the vision runtime)")
+            self.vision.encode(mm)
         seq = Sequence(request_id, [int(t) for t in prompt_token_ids], params)
+        seq.mm = mm
         req = _Request(seq, make_detokenizer(self.tokenizer, params.skip_special_tokens),
                        StopStrings(params.stop, params.include_stop_str_in_output))
         self._requests[request_id] = req

@@ -17,6 +17,7 @@ from g906.engine.context import ForwardContext
 from g906.engine.sampler import Sampler, SamplerRow, TokenLogprobs
 from g906.engine.scheduler import ScheduledBatch
 from g906.engine.sequence import Sequence
+from g906.engine.vision.inputs import step_inputs
 from g906.errors import G906Error
 
 log = logging.getLogger("g906.engine")
@@ -186,6 +187,9 @@ class ModelRunner:
             has_init[i] = start > 0
         dev = self.device
         nb = dev.type == "cuda"
+        # sequences with images: M-RoPE positions (pos rewritten in place) and the image tokens'
+        # embeddings for this step (all None when the step holds no image token)
+        mrope, mm_index, mm_embeds = step_inputs(seqs, chunks, pos, dev, self.dtype)
 
         def put(a, dtype):
             return torch.from_numpy(a).to(device=dev, dtype=dtype, non_blocking=nb)
@@ -206,6 +210,7 @@ class ModelRunner:
             has_initial_state=put(has_init, torch.bool),
             max_seqlen_q=int(max(chunks)),
             max_seqlen_k=int(seq_lens.max()),
+            mrope_positions=mrope, mm_embed_index=mm_index, mm_embeds=mm_embeds,
         )
         return input_ids, positions, ctx
 
