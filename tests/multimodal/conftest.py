@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.engine.conftest import randomise_qwen35, tiny_text_config_kwargs
+from tests.engine.conftest import randomise_qwen35, tiny_text_config_kwargs, torch_one_thread  # noqa: F401
 
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 MIN_PIXELS = 64 * 64
