@@ -238,11 +238,22 @@ def build_engine(plan, *, progress: bool = True, **engine_overrides):
             device = f"cuda:{plan.devices[0]}"
     loaded = load_model(source, dtype=plan.dtype, device=device,
                         chat_template=str(plan.chat_template_path) if plan.chat_template_path else None,
-                        progress=progress)
-    if loaded.tokenizer is None:
-        raise G906Error(f"{source}: the model has no tokenizer", hint="the server needs tokenizer.json (or GGUF tokenizer metadata)")
-    engine = LLMEngine(loaded, EngineConfig.from_plan(plan, **engine_overrides))
+                        progress=progress, tensor_parallel_size=plan.tensor_parallel_size, devices=plan.devices)
+    try:
+        if loaded.tokenizer is None:
+            raise G906Error(f"{source}: the model has no tokenizer", hint="the server needs tokenizer.json (or GGUF tokenizer metadata)")
+        engine = LLMEngine(loaded, EngineConfig.from_plan(plan, **engine_overrides))
+    except BaseException:
+        _close_model(loaded)
+        raise
     return loaded, engine
+
+
+def _close_model(loaded) -> None:
+    """Stop a tensor-parallel model's workers (a no-op for a single-device model)."""
+    close = getattr(loaded.model, "close", None) if loaded is not None else None
+    if callable(close):
+        close()
 
 
 class _Server:
@@ -323,6 +334,10 @@ def serve_plan(plan, *, host: str | None = None, port: int | None = None, progre
 
             t0 = time.perf_counter()
             loaded, engine = build_engine(plan, progress=progress, **(engine_overrides or {}))
+            holder["loaded"] = loaded
+            on_failure = getattr(loaded.model, "on_failure", None)
+            if callable(on_failure):          # tensor parallel: a dead worker ends the server
+                on_failure(engine_failed)
             t1 = time.perf_counter()
             warm = engine.warm_up()
             aeng = AsyncEngine(engine)
@@ -345,6 +360,13 @@ def serve_plan(plan, *, host: str | None = None, port: int | None = None, progre
             msg = exc.message if isinstance(exc, G906Error) else f"{type(exc).__name__}: {exc}"
             state.set_failed(msg)
             server.stop()
+
+    def engine_failed(msg: str) -> None:
+        if not failure:
+            failure.append(G906Error(msg, hint="set G906_DEBUG=1 for the workers' tracebacks"))
+        err_console.print(f"engine failed: {msg}; stopping the server", markup=False, soft_wrap=True)
+        state.set_failed(msg)
+        server.stop()
 
     def drain(sig: int) -> None:
         name = signal.Signals(sig).name
@@ -370,6 +392,7 @@ def serve_plan(plan, *, host: str | None = None, port: int | None = None, progre
         aeng = holder.get("engine")
         if aeng is not None:
             aeng.shutdown(drain_timeout=30.0)
+        _close_model(holder.get("loaded"))
         sock.close()
     if failure:
         exc = failure[0]
