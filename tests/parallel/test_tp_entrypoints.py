@@ -16,14 +16,6 @@ import pytest
 
 from g906.engine.sampling_params import SamplingParams
 
-import inspect  # noqa: E402
-
-from g906.engine.loader import load_model  # noqa: E402
-
-# until the call sites (loader, LLM, generate, up) take a tensor-parallel size
-pytestmark = pytest.mark.skipif("tensor_parallel_size" not in inspect.signature(load_model).parameters,
-                                reason="the entry points do not take tensor_parallel_size yet")
-
 SOURCE = "builtin:tiny-qwen35"
 PROMPT = "Hello there, tensor parallel world"
 GREEDY = dict(temperature=0.0, ignore_eos=True)
