@@ -9,7 +9,7 @@ import torch
 
 from g906.engine.config import ModelConfig
 from g906.engine.layers.reference import kv_head_index
-from g906.engine.parallel.rules import check_tp_size, tp_problems, valid_tp_sizes
+from g906.engine.parallel.rules import check_tp_size, tp_message, tp_problems, valid_tp_sizes
 from g906.engine.parallel.sharding import (
     linear_k_heads, linear_qkv_rows, linear_v_heads, local_config, shard_plan, take, vocab_range,
 )
@@ -36,7 +36,13 @@ def test_tp_problems_name_the_counts():
     assert valid_tp_sizes(c) == [1, 2, 4]
     with pytest.raises(G906Error) as e:
         check_tp_size(c, 8)
-    assert "num_key_value_heads = 4" in e.value.message and "1, 2, 4" in e.value.hint
+    assert e.value.message == ("tensor_parallel_size 8 does not divide the model's 4 KV heads (num_key_value_heads), "
+                               "4 linear-attention key heads (linear_num_key_heads), 12 linear-attention value heads "
+                               "(linear_num_value_heads)")
+    assert "1, 2, 4" in e.value.hint
+    assert tp_message(c, 2) is None
+    assert tp_message(cfg(num_key_value_heads=2), 4) == (
+        "tensor_parallel_size 4 does not divide the model's 2 KV heads (num_key_value_heads = 2)")
 
 
 def test_tp_problems_from_recipe_facts():

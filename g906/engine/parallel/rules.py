@@ -53,6 +53,21 @@ def tp_problems(source: Any, tp: int) -> list[str]:
             for k, n in counts.items() if n % tp]
 
 
+def tp_message(source: Any, tp: int) -> str | None:
+    """One sentence naming every count tp does not divide, with the numbers; None when it fits."""
+    if tp <= 1:
+        return None
+    counts = model_counts(source)
+    what = {name: desc for name, desc, _ in _COUNTS}
+    bad = [(k, n) for k, n in counts.items() if n % tp]
+    if not bad:
+        return None
+    if len(bad) == 1:
+        return tp_problems(source, tp)[0]
+    return (f"tensor_parallel_size {tp} does not divide the model's "
+            + ", ".join(f"{n} {what[k]} ({k})" for k, n in bad))
+
+
 def valid_tp_sizes(source: Any, limit: int = 64) -> list[int]:
     counts = model_counts(source)
     return [t for t in range(1, limit + 1) if all(n % t == 0 for n in counts.values())]
@@ -60,10 +75,10 @@ def valid_tp_sizes(source: Any, limit: int = 64) -> list[int]:
 
 def check_tp_size(source: Any, tp: int) -> None:
     """Raise G906Error naming every count tp does not divide (the engine's check)."""
-    problems = tp_problems(source, tp)
-    if problems:
+    msg = tp_message(source, tp)
+    if msg:
         from g906.errors import G906Error
 
         sizes = valid_tp_sizes(source)
-        raise G906Error("; ".join(problems),
+        raise G906Error(msg,
                         hint="tensor-parallel sizes this model allows: " + ", ".join(map(str, sizes)))
