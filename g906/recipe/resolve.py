@@ -118,6 +118,7 @@ def resolve(recipe: Recipe, recipe_path: str | os.PathLike | None = None, *, che
         cx.need(("parallel", "rccl"), rccl, "RCCL package")
         if recipe.parallel.tensor_parallel_size == 1:
             cx.warn(("parallel", "rccl"), "parallel.rccl is only used with tensor_parallel_size > 1")
+    _check_tensor_parallel(cx, recipe, model)
 
     _advice(cx, recipe, model, images_on)
     if cx.errors:
@@ -348,6 +349,21 @@ def _check_architecture(cx: _Ctx, recipe: Recipe, arch: str | None) -> None:
     elif found[1].get("embedded", True) is False:
         cx.error(_SOURCE, f"the embedded engine does not run {arch!r} models yet",
                  'engine.kind = "vllm" hands the model to an installed vLLM')
+
+
+def _check_tensor_parallel(cx: _Ctx, recipe: Recipe, model: _Model) -> None:
+    """The embedded engine splits attention/KV/linear-attention heads and MLP features over the
+    ranks: tensor_parallel_size must divide each count (the engine applies the same rule,
+    g906.engine.parallel.rules; counts the files do not give are checked at load)."""
+    tp = recipe.parallel.tensor_parallel_size
+    if tp <= 1 or recipe.engine.kind != "embedded":
+        return
+    from g906.engine.parallel.rules import tp_message, valid_tp_sizes
+
+    msg = tp_message(model.facts, tp)
+    if msg:
+        sizes = ", ".join(str(n) for n in valid_tp_sizes(model.facts))
+        cx.error(("parallel", "tensor_parallel_size"), msg, f"tensor-parallel sizes this model allows: {sizes}")
 
 
 # -- advice that does not stop a start ----------------------------------------------------
