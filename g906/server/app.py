@@ -175,16 +175,18 @@ def _sampling(req, *, max_tokens: int | None, prompt_len: int, st: ServerState, 
         raise bad_request(str(exc), param=getattr(exc, "param", None)) from None
 
 
-def _start(st: ServerState, rid: str, ids: list[int], params):
-    """Admit and start one request (the errors of _admit)."""
-    return _admit(st, ids, params, start=rid)
+def _start(st: ServerState, rid: str, ids: list[int], params, mm=None):
+    """Admit and start one request (the errors of _admit); mm: its images, if any."""
+    return _admit(st, ids, params, start=rid, mm=mm)
 
 
-def _admit(st: ServerState, ids: list[int], params, start: str | None = None):
+def _admit(st: ServerState, ids: list[int], params, start: str | None = None, mm=None):
     from g906.engine.async_engine import EngineDead, QueueFull
 
     try:
         if start is not None:
+            if mm is not None:
+                return st.engine.generate(start, ids, params, mm=mm)
             return st.engine.generate(start, ids, params)
         st.engine.check(ids, params)
     except QueueFull as exc:
@@ -354,16 +356,28 @@ def _completion_logprobs(eng, lps, offset: int) -> P.CompletionLogprobs:
 
 # -- chat -----------------------------------------------------------------------------------------
 
-def _messages(req: P.ChatCompletionRequest) -> list[dict]:
+def _messages(req: P.ChatCompletionRequest, images: list[str] | None = None) -> list[dict]:
+    """The messages as template input; image parts (collected into `images`, when given) become
+    the model's image placeholder in the text (g906/engine/vision/glue.py)."""
+    from g906.engine.vision.glue import IMAGE_PART_TYPES, image_part_url, placeholder_text
+    from g906.errors import G906Error
+
     out = []
     for i, m in enumerate(req.messages):
         d = m.model_dump(exclude_none=True, exclude=set(m.model_extra or {}))
         if isinstance(m.content, list):
             texts = []
-            for part in m.content:
+            for j, part in enumerate(m.content):
+                if images is not None and not isinstance(part, P.TextPart) and part.type in IMAGE_PART_TYPES:
+                    try:
+                        images.append(image_part_url(part.model_dump(), f"messages[{i}].content[{j}]"))
+                    except G906Error as exc:
+                        raise bad_request(exc.message, param=f"messages.{i}.content.{j}") from None
+                    texts.append(placeholder_text())
+                    continue
                 if not isinstance(part, P.TextPart):
                     raise bad_request(f"messages[{i}].content: content parts of type {part.type!r} are not supported "
-                                      "by this server (text only)", param=f"messages.{i}.content")
+                                      "by this server (text and image_url only)", param=f"messages.{i}.content")
                 texts.append(part.text)
             d["content"] = "".join(texts)
         out.append(d)
@@ -379,9 +393,10 @@ async def chat_completions(request: Request) -> Response:
                           param="response_format")
     from g906.errors import G906Error
 
+    images: list[str] = []
     try:
         prompt_text = st.prompts.render_chat(
-            _messages(req), add_generation_prompt=req.add_generation_prompt, tools=req.tools,
+            _messages(req, images), add_generation_prompt=req.add_generation_prompt, tools=req.tools,
             **(req.chat_template_kwargs or {}),
         )
         ids = st.prompts.encode(prompt_text)
@@ -391,11 +406,19 @@ async def chat_completions(request: Request) -> Response:
         raise bad_request(f"chat_template_kwargs: {exc}", param="chat_template_kwargs") from None
     if not ids:
         raise bad_request("the rendered prompt is empty", param="messages")
+    mm = None
+    if images:  # fetched, checked against the limits, resized; placeholders expanded (400 on failure)
+        from g906.engine.vision.glue import prepare_chat_images
+
+        try:
+            ids, mm = await prepare_chat_images(getattr(st.engine.engine, "vision", None), ids, images)
+        except G906Error as exc:
+            raise bad_request(exc.message, param="messages", code="invalid_image") from None
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = _sampling(req, max_tokens=req.max_completion_tokens or req.max_tokens, prompt_len=len(ids), st=st,
                        logprobs=logprobs)
     rid = P.new_id("chatcmpl")
-    gen = _start(st, rid, ids, params)
+    gen = _start(st, rid, ids, params, mm)
     st.metrics.on_prompt(len(ids))
     ctx = dict(rid=rid, created=P.now(), model=st.served_model_name, n=req.n, prompt_len=len(ids),
                prompt_text=prompt_text, logprobs=req.logprobs)
