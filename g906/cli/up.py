@@ -242,7 +242,11 @@ def build_engine(plan, *, progress: bool = True, **engine_overrides):
     try:
         if loaded.tokenizer is None:
             raise G906Error(f"{source}: the model has no tokenizer", hint="the server needs tokenizer.json (or GGUF tokenizer metadata)")
-        engine = LLMEngine(loaded, EngineConfig.from_plan(plan, **engine_overrides))
+        from g906.engine.vision.runtime import load_vision_for_plan, reserve_vision_memory
+
+        vision = load_vision_for_plan(plan, loaded)        # None unless the recipe turns images on
+        with reserve_vision_memory(vision):                 # the tower's peak at the recipe's image size stays free
+            engine = LLMEngine(loaded, EngineConfig.from_plan(plan, **engine_overrides), vision=vision)
     except BaseException:
         _close_model(loaded)
         raise
