@@ -48,7 +48,7 @@ def image_part_url(part: dict, where: str) -> str:
     return value
 
 
-def placeholder_text(vision) -> str:
+def placeholder_text(vision=None) -> str:
     """The text one image becomes in the prompt: vision_start, one image_pad, vision_end."""
     from g906.engine.vision.runtime import IMAGE_PAD, VISION_END, VISION_START
 

@@ -200,8 +200,11 @@ def load_vision_for_plan(plan, loaded) -> VisionRuntime | None:
         raise G906Error(f"{source}: images are on but no vision projector (mmproj) was found for it",
                         hint="put the mmproj-*.gguf beside the model or name it in model.mmproj")
     model = loaded.model
+    inner = getattr(model, "inner", model)      # a tensor-parallel model: rank 0's
+    dtype = getattr(model, "dtype", None) or getattr(inner, "dtype", torch.float32)
+    device = getattr(model, "device", None) or getattr(inner, "device", None)
     vision = load_vision(source, mmproj=mmproj, text_config=loaded.config, tokenizer=loaded.tokenizer,
-                         dtype=model.dtype, device=model.device, required=True)
+                         dtype=dtype, device=device, required=True)
     from g906.engine.vision.image import allowed_local_dirs_from_env
 
     vision.configure_limits(count=lim.count, width=lim.width, height=lim.height,
