@@ -6,7 +6,6 @@ unless --check-files (the recipes of a repository name models that live elsewher
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -14,22 +13,8 @@ import typer
 from rich.text import Text
 
 from g906.errors import UsageError
+from g906.recipe.scaffold import toml_value
 from g906.cli.output import console, err_console, print_json, report_error
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v, ensure_ascii=False)
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        inner = ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items() if x is not None)
-        return "{ " + inner + " }" if inner else "{}"
-    return str(v)
 
 
 def _render_recipe(recipe) -> Text:
@@ -51,7 +36,7 @@ def _render_recipe(recipe) -> Text:
             if value is None:
                 out.append(f"# {key} = (unset)\n", style="dim")
             else:
-                out.append(f"{key} = {_toml_value(value)}", style="bold" if is_set else "")
+                out.append(f"{key} = {toml_value(value)}", style="bold" if is_set else "")
                 out.append("\n" if is_set else "    # default\n", style="dim")
         out.append("\n")
         for args in nested:
@@ -61,7 +46,7 @@ def _render_recipe(recipe) -> Text:
         if name == "env":
             out.append("[env]\n", style="bold cyan")
             for k, v in values.items():
-                out.append(f"{k} = {_toml_value(v)}\n", style="bold")
+                out.append(f"{k} = {toml_value(v)}\n", style="bold")
             if not values:
                 out.append("# (no extra variables)\n", style="dim")
             out.append("\n")

@@ -33,6 +33,7 @@ _EXAMPLES: dict[tuple[str, str], Any] = {
 
 
 def toml_value(v: Any) -> str:
+    """A TOML literal for a JSON-like value (None members of tables are left out: TOML has no null)."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
@@ -42,7 +43,8 @@ def toml_value(v: Any) -> str:
     if isinstance(v, list):
         return "[" + ", ".join(toml_value(x) for x in v) + "]"
     if isinstance(v, dict):
-        return "{ " + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + " }"
+        inner = ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items() if x is not None)
+        return "{ " + inner + " }" if inner else "{}"
     raise TypeError(f"no TOML form for {v!r}")
 
 
