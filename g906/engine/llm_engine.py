@@ -43,6 +43,7 @@ class EngineConfig:
     num_kv_blocks: int | None = None       # override the budget (tests, benchmarks)
     max_waiting_requests: int = 1024
     seed: int | None = None                # the shared generator of unseeded requests
+    enforce_eager: bool = False            # no decode graphs (CUDA/HIP)
 
     @classmethod
     def from_plan(cls, plan, **overrides) -> "EngineConfig":
@@ -55,6 +56,7 @@ class EngineConfig:
             gpu_memory_utilization=plan.gpu_memory_utilization,
             cpu_kv_cache_gib=emb.cpu_kv_cache_gib,
             max_waiting_requests=emb.max_waiting_requests,
+            enforce_eager=bool(getattr(plan, "enforce_eager", False)),
         )
         kw.update(overrides)
         return cls(**kw)
@@ -148,6 +150,7 @@ class LLMEngine:
             max_num_batched_tokens=mbt, max_model_len=self.max_model_len,
             gpu_memory_utilization=config.gpu_memory_utilization, cpu_kv_cache_gib=config.cpu_kv_cache_gib,
             num_kv_blocks=config.num_kv_blocks, seed=config.seed, fit_len=not explicit_len,
+            enforce_eager=config.enforce_eager,
         )
         self.max_model_len = self.runner.max_model_len   # lowered to the cache when not explicit
         s = self.runner.sizing

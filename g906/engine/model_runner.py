@@ -54,7 +54,8 @@ def _dtype_of(model) -> torch.dtype:
 class ModelRunner:
     def __init__(self, loaded, *, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int, gpu_memory_utilization: float = 0.9, cpu_kv_cache_gib: float = 1.0,
-                 num_kv_blocks: int | None = None, seed: int | None = None, fit_len: bool = False):
+                 num_kv_blocks: int | None = None, seed: int | None = None, fit_len: bool = False,
+                 enforce_eager: bool = False):
         self.loaded = loaded
         self.model = loaded.model
         self.config = loaded.config
@@ -74,11 +75,25 @@ class ModelRunner:
         self.sizing = self._size_cache(gpu_memory_utilization, cpu_kv_cache_gib, num_kv_blocks)
         from g906.engine.cache import ModelCache
 
+        # GPU decode runs through g906/engine/cuda_graphs.py (graphs unless enforce_eager): one
+        # more KV block and state slot than the block manager hands out, as the padding rows' scratch
+        padded = self.device.type == "cuda" and getattr(self.model, "supports_cuda_graphs", True)
+        extra = 1 if padded else 0
         self.cache = ModelCache.allocate(
-            self.config, num_blocks=self.sizing.num_blocks, block_size=block_size,
-            num_state_slots=max_num_seqs, dtype=self.dtype, device=self.device,
+            self.config, num_blocks=self.sizing.num_blocks + extra, block_size=block_size,
+            num_state_slots=max_num_seqs + extra, dtype=self.dtype, device=self.device,
         )
         self.model.bind_cache(self.cache)
+        self.graphs = None
+        if padded:
+            from g906.engine.cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(
+                self.model, self.cache, block_size=block_size, max_num_seqs=max_num_seqs,
+                max_model_len=self.max_model_len, scratch_block=self.sizing.num_blocks,
+                scratch_slot=max_num_seqs, use_graphs=not enforce_eager,
+            )
+            self.graphs.capture()
 
     # -- cache sizing ----------------------------------------------------------------------------
     def _size_cache(self, util: float, cpu_gib: float, override: int | None) -> CacheSizing:
@@ -218,14 +233,19 @@ class ModelRunner:
         """Run one step; {seq_id: (next token, logprobs)} for the sequences that sample."""
         if not batch.seqs:
             return {}
-        input_ids, positions, ctx = self._context(batch)
-        hidden = self.model.forward(input_ids, positions, ctx)
-        sampling = [i for i in range(len(batch.seqs)) if batch.samples(i)]
-        if not sampling:
-            return {}
-        cu = np.cumsum(batch.num_new_tokens)
-        last = torch.as_tensor([int(cu[i]) - 1 for i in sampling], dtype=torch.long, device=hidden.device)
-        logits = self.model.compute_logits(hidden.index_select(0, last))
+        if not batch.is_prefill and self.graphs is not None and self.graphs.can_run(batch.seqs):
+            # decode: padded static inputs, graph replay (g906/engine/cuda_graphs.py)
+            logits = self.graphs.run(batch.seqs)
+            sampling = list(range(len(batch.seqs)))
+        else:
+            input_ids, positions, ctx = self._context(batch)
+            hidden = self.model.forward(input_ids, positions, ctx)
+            sampling = [i for i in range(len(batch.seqs)) if batch.samples(i)]
+            if not sampling:
+                return {}
+            cu = np.cumsum(batch.num_new_tokens)
+            last = torch.as_tensor([int(cu[i]) - 1 for i in sampling], dtype=torch.long, device=hidden.device)
+            logits = self.model.compute_logits(hidden.index_select(0, last))
         rows = []
         for i in sampling:
             s: Sequence = batch.seqs[i]
