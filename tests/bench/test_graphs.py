@@ -205,3 +205,34 @@ def test_multimodal_sequences_take_the_runner_path():
             self.mm = type("MM", (), {"delta": 3, "positions_for": lambda self, a, b: None})()
 
     assert _multimodal(Fake()) and not graphs.can_run([s, Fake()])
+
+
+def test_runner_decodes_through_the_padded_path_on_cpu():
+    """The model runner's decode call site (GPU: graphs) driven on the CPU with the padded eager
+    path: same greedy tokens as the runner's own decode, for 4 and 3 running sequences."""
+
+    def run(padded: bool, n: int):
+        eng, graphs, cache, sb, ss = _setup()
+        eng.runner.graphs = graphs if padded else None
+        vocab = eng.model_config.vocab_size
+        for i in range(n):
+            eng.add_request(f"r{i}", [(29 * j + 5 * i) % (vocab - 10) + 5 for j in range(9 + 7 * i)],
+                            SamplingParams(temperature=0, max_tokens=24 + 3 * i, ignore_eos=True))
+        out = {f"r{i}": [] for i in range(n)}
+        while eng.has_unfinished_requests():
+            for o in eng.step():
+                out[o.request_id] += o.new_token_ids
+        return [out[f"r{i}"] for i in range(n)], graphs.num_eager
+
+    for n in (4, 3):
+        want, _ = run(False, n)
+        got, steps = run(True, n)
+        assert steps > 0
+        assert got == want
+
+
+def test_engine_config_enforce_eager_and_cpu_runner():
+    lm = load_model("builtin:tiny-qwen35", dtype="float32", device="cpu", progress=False)
+    eng = LLMEngine(lm, EngineConfig(max_num_seqs=2, num_kv_blocks=8, max_model_len=64, enforce_eager=True))
+    assert eng.config.enforce_eager and eng.runner.graphs is None      # no graphs on the CPU
+    assert eng.runner.cache.num_blocks == 8 and eng.runner.cache.num_state_slots == 2
