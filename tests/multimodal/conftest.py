@@ -20,7 +20,11 @@ import numpy as np
 import pytest
 import torch
 
-from tests.engine.conftest import randomise_qwen35, tiny_text_config_kwargs, torch_one_thread  # noqa: F401
+from tests.engine.conftest import (  # noqa: F401
+    randomise_qwen35,
+    tiny_text_config_kwargs,
+    torch_one_thread,
+)
 
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 MIN_PIXELS = 64 * 64
@@ -151,7 +155,9 @@ def vl_gguf_dir(vl_hf_dir, vl_tokenizer_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def hf_processor():
     """transformers' slow (PIL/numpy) Qwen2-VL image processor with the tiny model's settings."""
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
 
     return Qwen2VLImageProcessorPil(
         patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3,

@@ -59,7 +59,7 @@ def cpu_ref(vl_hf_dir, vl_token_ids):
 def test_gpu_image_prefill(vl_hf_dir, vl_token_ids, cpu_ref, dtype):
     if dtype == "bfloat16" and not torch.cuda.is_bf16_supported():
         pytest.skip("no bf16 on this GPU")
-    emb, toks, lp = _run(vl_hf_dir, vl_token_ids, dtype, "cuda")
+    emb, toks, _ = _run(vl_hf_dir, vl_token_ids, dtype, "cuda")
     ref_emb, ref_toks, ref_lp = cpu_ref
     assert rel_err(emb, ref_emb) < TOLS[dtype]
     assert toks[0] in [t for t, _ in ref_lp.top][:3]

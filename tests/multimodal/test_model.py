@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import io
 
-import numpy as np
 import pytest
 import torch
 
 from g906.engine.loader import load_model
-from g906.engine.vision.runtime import load_vision
 from g906.engine.vision.inputs import step_inputs
+from g906.engine.vision.runtime import load_vision
 from tests.engine.conftest import TinyRunner, rel_err
 from tests.multimodal.conftest import png_bytes
 

@@ -68,7 +68,7 @@ def test_step_slices_cover_any_chunking():
     mm.embeds = torch.arange(mm.num_image_tokens, dtype=torch.float32)[:, None].repeat(1, 3)
     L = len(ids)
     for cut in ([L], [3, 4, L - 7], [1] * L):
-        start, rows, pos_all = 0, [], []
+        start, rows = 0, []
         for n in cut:
             pos = np.arange(start, start + n)
             p3, idx, emb = step_inputs([_Seq(mm, start)], [n], pos, "cpu")

@@ -11,7 +11,13 @@ import pytest
 
 from g906.engine.vision.config import VisionConfig
 from g906.engine.vision.image import load_image, preprocess, smart_resize
-from tests.multimodal.conftest import MAX_PIXELS, MIN_PIXELS, PREPROCESSOR, VISION_CONFIG, png_bytes
+from tests.multimodal.conftest import (
+    MAX_PIXELS,
+    MIN_PIXELS,
+    PREPROCESSOR,
+    VISION_CONFIG,
+    png_bytes,
+)
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from g906.errors import G906Error
 
@@ -104,7 +105,7 @@ class VisionConfig:
 
     @classmethod
     def from_hf_dict(cls, cfg: Mapping[str, Any], preprocessor: Mapping[str, Any] | None = None,
-                     source: str = "config.json") -> "VisionConfig":
+                     source: str = "config.json") -> VisionConfig:
         """From a parsed config.json of a Qwen3_5ForConditionalGeneration (vision_config inside)."""
         v = cfg.get("vision_config")
         if not isinstance(v, Mapping):
@@ -150,7 +151,7 @@ class VisionConfig:
         return cls(source=source, **kw)
 
     @classmethod
-    def from_hf_dir(cls, path: str | Path) -> "VisionConfig":
+    def from_hf_dir(cls, path: str | Path) -> VisionConfig:
         d = Path(path)
         cfg = _read_json(d / "config.json")
         pre_path = d / "preprocessor_config.json"
@@ -159,7 +160,7 @@ class VisionConfig:
 
     @classmethod
     def from_gguf_metadata(cls, md: Mapping[str, Any], tensor_names: set[str] | list[str],
-                           source: str = "mmproj") -> "VisionConfig":
+                           source: str = "mmproj") -> VisionConfig:
         """From the metadata (plain values) and tensor names of an mmproj GGUF."""
         arch = md.get("general.architecture")
         if arch != "clip":

@@ -8,7 +8,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from g906.engine.vision.image import ImageError
 

@@ -67,7 +67,7 @@ class PreparedImage:
 # -------------------------------------------------------------------------------------------
 # fetching
 
-_DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^;,]*)*?)(?P<b64>;base64)?,", re.I)
+_DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^;,]*)*?)(?P<b64>;base64)?,", re.IGNORECASE)
 
 
 def _describe(url: str) -> str:

@@ -11,8 +11,8 @@ positions of the image tokens it holds, so any chunking computes the same as one
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import torch

@@ -15,7 +15,7 @@ streams are equal this is the plain rotary, which is why text-only steps need no
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

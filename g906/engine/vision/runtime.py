@@ -12,13 +12,20 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from g906.engine.vision.config import VisionConfig
-from g906.engine.vision.image import ImageError, ImageLimits, PreparedImage, prepare_image, resized_size
+from g906.engine.vision.image import (
+    ImageError,
+    ImageLimits,
+    PreparedImage,
+    prepare_image,
+    resized_size,
+)
 from g906.engine.vision.inputs import MultimodalInputs, VisionTokenIds, expand_prompt
 from g906.engine.vision.tower import VisionTower
 from g906.errors import G906Error
@@ -236,7 +243,7 @@ class reserve_vision_memory:
         self.peak = 0
         self._hold = None
 
-    def __enter__(self) -> "reserve_vision_memory":
+    def __enter__(self) -> reserve_vision_memory:
         v = self.vision
         if v is None or v.tower.device.type != "cuda":
             return self

@@ -20,8 +20,8 @@ them out):
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from functools import lru_cache
-from typing import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
