@@ -89,3 +89,27 @@ def test_greedy_outputs_identical(pair):
     for seed in (4, 5):
         p = prompt(20 + seed, seed, ref.config.vocab_size)
         assert r2.greedy(0, p, 12) == r1.greedy(0, p, 12)
+
+
+def test_image_embeddings_and_mrope_positions_travel_to_the_workers(pair):
+    """A multimodal step: rank 0's vision embeddings (ctx.mm_embeds at ctx.mm_embed_index) and
+    M-RoPE positions (ctx.mrope_positions) reach every rank through the control channel."""
+    import dataclasses
+
+    _, ref, tp = pair
+    v = ref.config.vocab_size
+    tokens = [prompt(30, 7, v)]
+    g = torch.Generator().manual_seed(0)
+    idx = torch.tensor([3, 4, 5, 6, 11], dtype=torch.long)
+    embeds = torch.randn(len(idx), ref.config.hidden_size, generator=g)
+    pos = torch.arange(30)
+    mrope = torch.stack([pos, pos // 2 + 1, pos // 3 + 2])
+    out = []
+    for model in (ref.model, tp.model):
+        r = TinyRunner(model, max_seqs=1)
+        r.cache.reset_slots([0])
+        ctx, positions, _ = r._ctx([0], [30], True)
+        ctx = dataclasses.replace(ctx, mm_embed_index=idx, mm_embeds=embeds, mrope_positions=mrope)
+        hidden = model(torch.tensor(tokens[0]), positions, ctx)
+        out.append(model.compute_logits(hidden))
+    assert rel_err(out[1], out[0]) < TOL
