@@ -280,13 +280,15 @@ class TPGroup:
         self.callbacks.append(cb)
 
     # -- stop -------------------------------------------------------------------------------------
-    def close(self, timeout: float = 5.0) -> None:
+    def close(self, timeout: float = 5.0, *, graceful: bool = True) -> None:
+        """Stop the workers: a shutdown command first when the group is healthy and `graceful`
+        (then a short wait), else straight to EOF / terminate / kill."""
         with self._lock:
             if self.closed:
                 return
             self.closed = True
             self.closing = True
-        healthy = self.failure is None and self.channel is not None
+        healthy = graceful and self.failure is None and self.channel is not None
         if healthy:
             try:
                 self.channel.send("shutdown")
@@ -486,7 +488,7 @@ def load_model_tp(source: str, *, tensor_parallel_size: int, dtype="auto", devic
                                               src=src)
         group.wait_for("loaded", STARTUP_TIMEOUT_S * 4, "load its weights")
     except BaseException:
-        group.close()
+        group.close(graceful=False)       # workers may still be loading: no command, just EOF
         raise
     load_s = time.perf_counter() - t0
     tp_model = TPModel(model, group)

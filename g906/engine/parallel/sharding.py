@@ -190,8 +190,9 @@ def _quant_columns(name: str, t: QuantizedTensor, idx: list[int], tp: int) -> Qu
         raise G906Error(
             f"tensor {name} ({t.qtype}, {block} values per block) cannot be split across {tp} ranks: "
             f"a rank's input features {bad[0]}..{bad[1] - 1} of {cols} do not fall on whole {t.qtype} blocks",
-            hint="use a tensor-parallel size whose split falls on whole blocks, or a GGUF file where this "
-                 "tensor has a type with smaller blocks (e.g. Q8_0: 32 values per block)",
+            hint=f"each rank's share of this tensor's input features must be whole {block}-value blocks: use "
+                 "another tensor_parallel_size, or a GGUF file that stores this tensor in a type with smaller "
+                 "blocks",
         )
     blocks = [i // block for i in idx[::block]]
     byte_idx = torch.as_tensor([b * nbytes + j for b in blocks for j in range(nbytes)], dtype=torch.long)
