@@ -21,7 +21,6 @@ from g906.engine.layers.embedding import Embedding
 from g906.engine.layers.linear import Linear
 from g906.engine.parallel.group import Comm
 from g906.engine.parallel.sharding import local_config, vocab_per_rank, vocab_range
-from g906.engine.weights import QuantizedTensor
 
 
 class RowParallelLinear(Linear):
@@ -96,7 +95,7 @@ def rank_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     per = vocab_per_rank(cfg.vocab_size, model.tp_comm.size)
     if w is None or (isinstance(w, torch.Tensor) and w.shape[0] == 0):
         return torch.zeros(hidden.shape[0], per, dtype=torch.float32, device=hidden.device)
-    rows = w.shape[0] if not isinstance(w, QuantizedTensor) else w.shape[0]
+    rows = w.shape[0]
     out = ops.linear(hidden, w).float()
     if rows < per:
         out = F.pad(out, (0, per - rows))
