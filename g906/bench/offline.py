@@ -206,7 +206,7 @@ def bandwidth_figures(res: dict, loaded, workload: Workload, bandwidth: float | 
            "weight_bytes": loaded.info.get("weight_bytes"), "limit_tok_s": round(limit, 1)}
     dec = res.get("decode_tok_s")
     if workload.max_concurrency == 1 and dec:
-        fig["pct_of_limit"] = round(100.0 * dec / limit, 1)
+        fig["pct_of_limit"] = float(f"{100.0 * dec / limit:.3g}")   # 3 significant digits: tiny on CPU
     return fig
 
 
