@@ -22,7 +22,6 @@ import argparse
 import datetime as _dt
 import gc
 import json
-import math
 import os
 import subprocess
 import sys

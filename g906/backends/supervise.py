@@ -108,7 +108,7 @@ def check_port_free(host: str, port: int) -> None:
         if exc.errno == errno.EADDRINUSE:
             raise PortInUseError(
                 f"port {port} on {host} is already in use",
-                f"stop whatever holds it, or set server.port in the recipe",
+                "stop whatever holds it, or set server.port in the recipe",
             ) from exc
         if exc.errno == errno.EADDRNOTAVAIL:
             raise VllmError(f"server.host {host!r} is not an address of this machine",

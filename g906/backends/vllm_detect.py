@@ -295,7 +295,7 @@ def detect_vllm(python: str | None = None, executable: str | None = None, *, ref
         if probe is None or not probe.get("pkgdir"):
             raise VllmNotFoundError(
                 f"{py} has no vllm package",
-                f"install vLLM (or your gfx906 fork) into that environment, or point engine.vllm.python elsewhere",
+                "install vLLM (or your gfx906 fork) into that environment, or point engine.vllm.python elsewhere",
             )
         if not probe.get("cli_main"):
             raise VllmNotFoundError(

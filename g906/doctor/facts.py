@@ -13,7 +13,6 @@ import json
 import os
 import platform
 import re
-import shutil
 import stat
 import subprocess
 import sys

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import AsyncIterator, Protocol
+from typing import Protocol
 
 from g906.engine.llm_engine import LLMEngine, StepOutput
 from g906.engine.sampling_params import SamplingParams

@@ -88,7 +88,7 @@ def cross_field_problems(data: Any) -> list[Problem]:
                 present = "width" if has_w else "height"
                 out.append(
                     Problem(("multimodal", kind, present), f"multimodal.{kind} sets {present} but not {missing}",
-                     f"give both, e.g. {{ count = 1, width = 512, height = 512 }}, or neither")
+                     "give both, e.g. { count = 1, width = 512, height = 512 }, or neither")
                 )
 
     source = model.get("source")

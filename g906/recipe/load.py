@@ -24,7 +24,7 @@ except ModuleNotFoundError:  # Python 3.10
 from pydantic import ValidationError
 
 from g906.recipe.checks import cross_field_problems
-from g906.recipe.errors import RecipeError, RecipeIssue, dotted, located_issue
+from g906.recipe.errors import RecipeError, RecipeIssue, located_issue
 from g906.recipe.positions import PositionIndex, index_positions
 from g906.recipe.pydantic_errors import issue_from_pydantic
 from g906.recipe.schema import Recipe

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .reference import BLOCKS, _f16, _k_scales
+from .reference import BLOCKS, _k_scales
 
 PACKED_TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K")
 

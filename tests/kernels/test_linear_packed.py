@@ -12,7 +12,6 @@ import torch
 from g906.engine.weights import QuantizedTensor
 from g906.kernels import registry
 from g906.kernels.linear import repack
-from g906.kernels.linear.reference import BLOCKS
 
 from .conftest import DEVICE
 from .test_linear import random_blocks

@@ -161,7 +161,7 @@ def driver_amdgpu(ctx: Ctx) -> Result:
         return fail("amdgpu is loaded but there is no KFD topology (/sys/class/kfd)",
                     "ROCm needs the KFD (the compute interface of amdgpu).",
                     "check dmesg for amdgpu/kfd errors; install the amdgpu-dkms driver of your ROCm release")
-    return ok(f"amdgpu loaded" + (f", version {ver}" if ver else " (in-tree driver)"))
+    return ok("amdgpu loaded" + (f", version {ver}" if ver else " (in-tree driver)"))
 
 
 def _access(ctx: Ctx, nodes: list[dict[str, Any]], what: str) -> Result:
