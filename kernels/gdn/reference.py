@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 
 def kv_head_index(hv: int, hk: int, order: str, device=None) -> torch.Tensor:
+    """Key head of each value head: 'grouped' j // (Hv/Hk) (HF), 'tiled' j % Hk (llama.cpp GGUF)."""
     j = torch.arange(hv, device=device)
     if order == "grouped":
         return j // (hv // hk)

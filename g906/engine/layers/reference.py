@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from g906.engine.weights import QuantizedTensor
 from g906.errors import G906Error
+from g906.kernels.gdn.reference import kv_head_index  # one definition of the head mapping
 
 # --------------------------------------------------------------------------------------------
 # dense / quantized matmul
@@ -218,16 +219,6 @@ def causal_conv1d_decode(x, weight, conv_states, state_slots):
 
 # --------------------------------------------------------------------------------------------
 # Gated DeltaNet: the gated delta rule
-
-
-def kv_head_index(hv: int, hk: int, order: str, device=None) -> torch.Tensor:
-    """Key head of each value head: 'grouped' j // (Hv/Hk) (HF), 'tiled' j % Hk (llama.cpp GGUF)."""
-    j = torch.arange(hv, device=device)
-    if order == "grouped":
-        return j // (hv // hk)
-    if order == "tiled":
-        return j % hk
-    raise G906Error(f"unknown linear-attention value-head order {order!r}")
 
 
 def _l2norm(x, eps=1e-6):
