@@ -705,6 +705,12 @@ async def _http_error(request: Request, exc: HTTPException) -> Response:
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:
+    from g906.engine.async_engine import EngineDead
+
+    if isinstance(exc, EngineDead):   # the engine stopped under a running request: unavailable, not a bug here
+        log.error("engine unavailable on %s %s: %s", request.method, request.url.path, exc)
+        _state(request).metrics.http_errors.labels("503").inc()
+        return APIError(503, str(exc), code="engine_unavailable").response()
     log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
     _state(request).metrics.http_errors.labels("500").inc()
     return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error").response()
