@@ -204,18 +204,10 @@ def _api_key(plan) -> str | None:
 
 
 def _max_body_bytes() -> int:
+    from g906.envvars import positive_env
     from g906.server.app import DEFAULT_MAX_BODY_BYTES
 
-    raw = os.environ.get("G906_MAX_REQUEST_BYTES")
-    if not raw:
-        return DEFAULT_MAX_BODY_BYTES
-    try:
-        v = int(raw)
-        if v <= 0:
-            raise ValueError
-        return v
-    except ValueError:
-        raise G906Error(f"G906_MAX_REQUEST_BYTES={raw!r} is not a positive number of bytes") from None
+    return positive_env("G906_MAX_REQUEST_BYTES", DEFAULT_MAX_BODY_BYTES, int, "bytes")
 
 
 def curl_example(url: str, model: str, api_key_env: str | None) -> str:

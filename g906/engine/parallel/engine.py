@@ -36,6 +36,7 @@ from torch import nn
 
 from g906.engine.parallel.group import Comm, abort_distributed, destroy_distributed, init_distributed, timeout_s
 from g906.engine.parallel.rules import check_tp_size
+from g906.envvars import positive_env
 from g906.errors import G906Error
 
 log = logging.getLogger("g906.engine")
@@ -418,16 +419,7 @@ def _share_cpu_threads(tp: int) -> None:
     (G906_TP_THREADS sets the per-rank count). Oversubscribed OpenMP threads spin against each
     other and make every collective wait (10x slower steps were seen with 2 ranks x 2 threads
     on 2 cores)."""
-    raw = os.environ.get("G906_TP_THREADS")
-    if raw:
-        try:
-            n = int(raw)
-            if n < 1:
-                raise ValueError
-        except ValueError:
-            raise G906Error(f"G906_TP_THREADS={raw!r} is not a positive number of threads") from None
-    else:
-        n = max(1, torch.get_num_threads() // tp)
+    n = positive_env("G906_TP_THREADS", max(1, torch.get_num_threads() // tp), int, "threads")
     if n != torch.get_num_threads():
         log.info("tensor parallel on the CPU: %d intra-op thread(s) per rank", n)
         torch.set_num_threads(n)

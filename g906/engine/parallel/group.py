@@ -21,6 +21,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from g906.envvars import positive_env
 from g906.errors import G906Error
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -28,16 +29,7 @@ CTRL_TIMEOUT = timedelta(days=30)
 
 
 def timeout_s() -> float:
-    raw = os.environ.get("G906_TP_TIMEOUT")
-    if not raw:
-        return DEFAULT_TIMEOUT_S
-    try:
-        v = float(raw)
-        if v <= 0:
-            raise ValueError
-        return v
-    except ValueError:
-        raise G906Error(f"G906_TP_TIMEOUT={raw!r} is not a positive number of seconds") from None
+    return positive_env("G906_TP_TIMEOUT", DEFAULT_TIMEOUT_S, float, "seconds")
 
 
 def backend_for(device: torch.device) -> str:
