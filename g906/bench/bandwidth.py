@@ -23,22 +23,7 @@ def measure_copy_bandwidth(device, nbytes: int | None = None, repeats: int = 10)
     src = torch.empty(n, dtype=torch.float16, device=dev).fill_(1.0)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    best = float("inf")
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for _ in range(repeats):
-            start.record()
-            dst.copy_(src)
-            end.record()
-            end.synchronize()
-            best = min(best, start.elapsed_time(end) / 1e3)
-    else:
-        for _ in range(max(3, repeats // 2)):
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            best = min(best, time.perf_counter() - t0)
-    del src, dst
+    best = _best_seconds(lambda: dst.copy_(src), dev, repeats if dev.type == "cuda" else max(3, repeats // 2))
     return 2.0 * n * 2 / best
 
 
@@ -55,20 +40,26 @@ def measure_matmul_flops(device, n: int | None = None, dtype=torch.float16, repe
     a = torch.randn(n, n, device=dev, dtype=dtype)
     b = torch.randn(n, n, device=dev, dtype=dtype)
     c = a @ b
+    best = _best_seconds(lambda: torch.matmul(a, b, out=c), dev, repeats if dev.type == "cuda" else 3)
+    return 2.0 * n ** 3 / best
+
+
+def _best_seconds(fn, dev: torch.device, repeats: int) -> float:
+    """The fastest of `repeats` runs of fn (already warmed up): CUDA events on a GPU, the host
+    clock on the CPU."""
     best = float("inf")
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for _ in range(repeats):
             start.record()
-            torch.matmul(a, b, out=c)
+            fn()
             end.record()
             end.synchronize()
             best = min(best, start.elapsed_time(end) / 1e3)
     else:
-        for _ in range(3):
+        for _ in range(repeats):
             t0 = time.perf_counter()
-            torch.matmul(a, b, out=c)
+            fn()
             best = min(best, time.perf_counter() - t0)
-    del a, b, c
-    return 2.0 * n ** 3 / best
+    return best

@@ -177,12 +177,7 @@ def load_model(
     stats = model.load_weights(weights)
     load_s = time.perf_counter() - t0
 
-    tok = None
-    try:
-        tok = src.tokenizer()
-    except ImportError:
-        tok = None
-    template = _resolve_template(chat_template) if chat_template else src.chat_template()
+    tok, template = tokenizer_and_template(src, chat_template)
     info = {
         "source": str(source),
         "format": fmt,
@@ -201,6 +196,16 @@ def load_model(
     if fmt == "builtin":
         info.update({k: v for k, v in getattr(src, "info", {}).items() if k not in info})
     return LoadedModel(model, config, tok, template, fmt, info)
+
+
+def tokenizer_and_template(src, chat_template: str | None):
+    """The source's tokenizer (None when it has none) and chat template (the override, if given)."""
+    try:
+        tok = src.tokenizer()
+    except ImportError:
+        tok = None
+    template = _resolve_template(chat_template) if chat_template else src.chat_template()
+    return tok, template
 
 
 def _resolve_template(value: str) -> str:

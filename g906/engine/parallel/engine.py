@@ -454,7 +454,7 @@ def load_model_tp(source: str, *, tensor_parallel_size: int, dtype="auto", devic
                   chat_template: str | None = None, progress: bool = True):
     """load_model for tensor_parallel_size > 1: a LoadedModel whose .model is a TPModel.
     `devices`: GPU indices, one per rank (default: consecutive from `device`)."""
-    from g906.engine.loader import LoadedModel, _resolve_template, open_source, resolve_dtype
+    from g906.engine.loader import LoadedModel, open_source, resolve_dtype, tokenizer_and_template
 
     tp = int(tensor_parallel_size)
     if tp < 1:
@@ -484,12 +484,7 @@ def load_model_tp(source: str, *, tensor_parallel_size: int, dtype="auto", devic
         raise
     load_s = time.perf_counter() - t0
     tp_model = TPModel(model, group)
-    tok = None
-    try:
-        tok = src.tokenizer()
-    except ImportError:
-        tok = None
-    template = _resolve_template(chat_template) if chat_template else src.chat_template()
+    tok, template = tokenizer_and_template(src, chat_template)
     info = {
         "source": source, "format": fmt, "dtype": str(cdtype).replace("torch.", ""), "device": str(devs[0]),
         "load_seconds": round(load_s, 3), **stats,
