@@ -138,12 +138,17 @@ class ModelConfig:
     @classmethod
     def from_hf_dir(cls, path: str | Path) -> "ModelConfig":
         p = Path(path) / "config.json"
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise G906Error(f"{p}: no config.json in the model directory") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise G906Error(f"{p}: cannot read the model config: {exc}") from None
-        if not isinstance(data, dict):
-            raise G906Error(f"{p}: expected a JSON object")
-        return cls.from_hf_dict(data)
+        return cls.from_hf_dict(read_json_object(p, missing="no config.json in the model directory"))
+
+
+def read_json_object(p: Path, *, missing: str = "file not found") -> dict[str, Any]:
+    """A JSON file that must hold an object (config.json and friends), with clear errors."""
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise G906Error(f"{p}: {missing}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise G906Error(f"{p}: cannot read it: {exc}") from None
+    if not isinstance(data, dict):
+        raise G906Error(f"{p}: expected a JSON object")
+    return data

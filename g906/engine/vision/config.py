@@ -14,13 +14,13 @@ Facts this relies on (transformers' Qwen3_5VisionConfig, llama.cpp's converter):
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from g906.engine.config import read_json_object
 from g906.errors import G906Error
 
 # Qwen3-VL / Qwen3.5 processor defaults (preprocessor_config.json of the released checkpoints)
@@ -153,9 +153,9 @@ class VisionConfig:
     @classmethod
     def from_hf_dir(cls, path: str | Path) -> VisionConfig:
         d = Path(path)
-        cfg = _read_json(d / "config.json")
+        cfg = read_json_object(d / "config.json")
         pre_path = d / "preprocessor_config.json"
-        pre = _read_json(pre_path) if pre_path.is_file() else None
+        pre = read_json_object(pre_path) if pre_path.is_file() else None
         return cls.from_hf_dict(cfg, pre, source=str(d / "config.json"))
 
     @classmethod
@@ -225,15 +225,3 @@ def _as_list(v: Any) -> list:
         return list(v.tolist())
     except AttributeError:
         return [v]
-
-
-def _read_json(p: Path) -> dict:
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise G906Error(f"{p}: file not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise G906Error(f"{p}: cannot read it: {exc}") from None
-    if not isinstance(data, dict):
-        raise G906Error(f"{p}: expected a JSON object")
-    return data
