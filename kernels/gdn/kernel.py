@@ -23,6 +23,16 @@ from .._triton_util import next_pow2, empty
 
 
 @triton.jit
+def _key_head(h, Hk, Hv, GROUPED: tl.constexpr):
+    """Key head of value head h: grouped (HF) h // (Hv/Hk), tiled (llama.cpp GGUF) h % Hk —
+    the same mapping as reference.kv_head_index."""
+    if GROUPED:
+        return h // (Hv // Hk)
+    else:
+        return h % Hk
+
+
+@triton.jit
 def _softplus(x):
     return tl.where(x > 20.0, x, tl.log(1.0 + tl.exp(tl.minimum(x, 20.0))))
 
@@ -35,10 +45,7 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, st_
     bi = tl.program_id(0)
     h = tl.program_id(1)
     vb = tl.program_id(2)
-    if GROUPED:
-        kh = h // (Hv // Hk)
-    else:
-        kh = h % Hk
+    kh = _key_head(h, Hk, Hv, GROUPED)
     b64 = bi.to(tl.int64)
     kk = tl.arange(0, BLOCK_K)
     kmask = kk < DK
@@ -100,10 +107,7 @@ def _gdn_chunk_prep_kernel(k_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, cu_ptr, cseq_
     bi = tl.load(cseq_ptr + ci)
     if bi >= B:
         return
-    if GROUPED:
-        kh = h // (Hv // Hk)
-    else:
-        kh = h % Hk
+    kh = _key_head(h, Hk, Hv, GROUPED)
     j = ci - tl.load(cfirst_ptr + bi)
     seq0 = tl.load(cu_ptr + bi)
     L = tl.load(cu_ptr + bi + 1) - seq0
@@ -145,10 +149,7 @@ def _gdn_prefill_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, cu
     bi = tl.program_id(0)
     h = tl.program_id(1)
     vb = tl.program_id(2)
-    if GROUPED:
-        kh = h // (Hv // Hk)
-    else:
-        kh = h % Hk
+    kh = _key_head(h, Hk, Hv, GROUPED)
     start = tl.load(cu_ptr + bi)
     L = tl.load(cu_ptr + bi + 1) - start
     slot = tl.load(slot_ptr + bi).to(tl.int64)
