@@ -359,8 +359,10 @@ def weight_stats(model) -> dict[str, int]:
         for t in list(mod._parameters.values()) + list(mod._buffers.values()):
             if t is not None:
                 total += add(t)
-        for v in mod.__dict__.values():
-            if _is_weight(v):
+        for name, v in mod.__dict__.items():
+            if isinstance(v, torch.Tensor) and name.endswith("weight"):   # fused weights kept as
+                total += add(v)                                           # attributes (gate_up_weight)
+            elif _is_weight(v):
                 total += add(v)
             elif hasattr(v, "linears") and hasattr(v, "weight") and v.weight is not None:   # FusedProjections
                 total += add(v.weight)

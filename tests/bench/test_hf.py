@@ -36,3 +36,26 @@ def test_hf_model_has_the_same_weights(tie):
     if not tie:
         res = hf_generate_bench(hf, prompt_len=8, new_tokens=3)
         assert res["prefill_tok_s"] > 0 and res["decode_tok_s"] > 0
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_weight_bytes_equal_transformers_parameter_bytes(tie):
+    """weight_stats counts every weight the model holds (fused ones kept as plain attributes
+    too): the same bytes as transformers' parameters of the same shape, at fp32."""
+    from g906.bench.synthetic import weight_stats
+
+    ov = dict(TINY, tie_word_embeddings=tie)
+    c = shape_config("qwen3.5-0.8b", ov)
+    with torch.device("meta"):
+        from transformers import Qwen3_5ForCausalLM
+
+        from g906.bench.hf import hf_text_config
+
+        hf = Qwen3_5ForCausalLM(hf_text_config(c))
+    hf_bytes = sum(p.numel() for p in hf.parameters()) * 4      # tied: counted once
+    lm = build_synthetic("qwen3.5-0.8b", quant="f32", device="cpu", overrides=ov)
+    ws = weight_stats(lm.model)
+    assert ws["weight_bytes"] == hf_bytes
+    emb = c.vocab_size * c.hidden_size * 4
+    read = hf_bytes - emb + c.hidden_size * 4 + (emb if tie else 0)
+    assert ws["bytes_per_token"] == read
