@@ -217,10 +217,14 @@ class DecodeGraphs:
                  self.batch_sizes, self.capture_seconds)
         return self.capture_seconds
 
-    def run(self, seqs) -> torch.Tensor:
-        """Logits [len(seqs), vocab] (float32) of a decode step; updates the caches."""
+    def run(self, seqs, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [len(seqs), vocab] (float32) of a decode step; updates the caches.
+        input_ids (device, [len(seqs)]): the rows' input tokens, replacing the host's (an
+        earlier step sampled them and the host has not read them yet)."""
         n = len(seqs)
         bs = self.prepare(seqs)
+        if input_ids is not None:
+            self.d_long[0, :n].copy_(input_ids)      # queued after the upload: overrides it
         entry = self.graphs.get(bs) if self.use_graphs else None
         if entry is not None:
             graph, out = entry

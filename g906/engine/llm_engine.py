@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass, field
 
 from g906.engine.block_manager import CacheManager
-from g906.engine.model_runner import ModelRunner
+from g906.engine.model_runner import ModelRunner, PendingStep
 from g906.engine.sampler import TokenLogprobs
 from g906.engine.sampling_params import SamplingParams
-from g906.engine.scheduler import Scheduler, SchedulerConfig
+from g906.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from g906.engine.sequence import Sequence
 from g906.engine.stop import StopStrings, token_stop
 from g906.errors import G906Error
@@ -127,6 +127,18 @@ class _Request:
         self.first_token_at: float | None = None
 
 
+_PENDING = -1      # a sampled token the host has not read yet (see LLMEngine.step)
+
+
+@dataclass
+class _Launched:
+    """A step queued on the device. token_at: for a pipelined decode step, where each sequence's
+    sampled token goes in its token_ids (its _PENDING place); None for a step run in sync."""
+    batch: ScheduledBatch
+    pending: PendingStep
+    token_at: dict[int, int] | None
+
+
 class LLMEngine:
     def __init__(self, loaded, config: EngineConfig | None = None, *, vision=None):
         self.loaded = loaded
@@ -166,6 +178,8 @@ class LLMEngine:
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
         self.num_steps = 0
+        self._inflight: _Launched | None = None      # a pipelined decode step not yet read
+        self.num_lookahead_steps = 0                  # decode steps queued before the last was read
 
     def _fit_len(self, mbt: int) -> int:
         """The model's context length, lowered to what a CPU KV budget can hold for one sequence."""
@@ -238,35 +252,101 @@ class LLMEngine:
 
     # -- one step ----------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        batch = self.scheduler.schedule()
-        if batch is None:
-            return []
+        """Run one step and return its outputs.
+
+        Decode steps on the graph path are pipelined: before the host waits for step N's tokens,
+        step N+1 is already queued on the device, its input tokens read on the device from step
+        N's sampler (the host holds a _PENDING token in their place until step N's result
+        arrives). The host's work (reading tokens, stops, detokenizing, scheduling, preparing
+        inputs) then overlaps the device's. A sequence that stops at step N has also run step
+        N+1; that result is dropped (its cache is freed after it, in device order)."""
+        cur = self._inflight
+        if cur is not None and all(s.is_finished for s in cur.batch.seqs):
+            cur.pending.result()                 # nothing left to read: the lookahead of a
+            cur = self._inflight = None          # step whose sequences all stopped
+        if cur is None:
+            batch = self.scheduler.schedule()
+            if batch is None:
+                return []
+            self.num_steps += 1
+            if not self._pipelinable(batch):
+                return self._finish_step(_Launched(batch, self.runner.launch(batch), None))
+            cur = self._launch(batch)
+        self._inflight = self._lookahead(cur)
+        return self._finish_step(cur)
+
+    def _pipelinable(self, batch) -> bool:
+        """A graph-path decode step whose sequences sample without their output history (no
+        penalties) and will not reach a length limit with this step's token."""
+        if not self.runner.can_feed(batch):
+            return False
+        for s in batch.seqs:
+            p = s.params
+            if p.has_penalties or s.num_tokens + 1 >= self.max_model_len:
+                return False
+            if p.max_tokens is not None and s.num_output_tokens + 1 >= p.max_tokens:
+                return False
+        return True
+
+    def _launch(self, batch, feed=None) -> "_Launched":
+        """Queue a decode step; each of its sequences holds a _PENDING token for the sampled one."""
+        pending = self.runner.launch(batch, feed)
+        slots = {}
+        for seq in batch.seqs:
+            seq.num_cached_tokens += 1
+            slots[seq.seq_id] = seq.num_tokens
+            seq.append_token(_PENDING)
+        return _Launched(batch, pending, slots)
+
+    def _lookahead(self, cur: "_Launched") -> "_Launched | None":
+        """Queue the next decode step before `cur`'s tokens are read, when nothing waits for
+        admission and every running sequence ran in `cur` (so the next step is their decode)."""
+        if self.scheduler.waiting or not self._pipelinable(cur.batch):
+            return None
+        row = {s.seq_id: i for i, s in enumerate(cur.batch.seqs)}
+        if any(s.seq_id not in row or not s.is_decode for s in self.scheduler.running):
+            return None
+        nxt = self.scheduler.schedule()
+        if nxt is None:
+            return None
         self.num_steps += 1
-        sampled = self.runner.run(batch)
+        self.num_lookahead_steps += 1
+        return self._launch(nxt, (cur.pending, [row[s.seq_id] for s in nxt.seqs]))
+
+    def _finish_step(self, launched: "_Launched") -> list[StepOutput]:
+        """Wait for a launched step's tokens and turn them into outputs."""
+        batch = launched.batch
+        sampled = launched.pending.result()
         if batch.is_prefill:
             self.num_prompt_tokens += batch.num_tokens
         outputs: list[StepOutput] = []
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            seq.num_cached_tokens += n
         now = time.monotonic()
-        for seq in batch.seqs:
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            if launched.token_at is None:
+                seq.num_cached_tokens += n
             got = sampled.get(seq.seq_id)
-            if got is None:
+            req = self._requests.get(seq.request_id)
+            if got is None or seq.is_finished or req is None or req.seq is not seq:
                 continue
             token, lp = got
-            req = self._requests[seq.request_id]
+            if launched.token_at is None:
+                seq.append_token(token)
+                upto = seq.num_tokens
+            else:
+                at = launched.token_at[seq.seq_id]
+                seq.token_ids[at] = int(token)
+                upto = at + 1
             if req.first_token_at is None:
                 req.first_token_at = now
-            seq.append_token(token)
             self.num_generation_tokens += 1
-            outputs.append(self._process(req, token, lp))
+            outputs.append(self._process(req, token, lp, upto))
         return outputs
 
-    def _process(self, req: _Request, token: int, lp: TokenLogprobs | None) -> StepOutput:
+    def _process(self, req: _Request, token: int, lp: TokenLogprobs | None, upto: int) -> StepOutput:
+        """`token` is the sequence's token number `upto` (counting the prompt)."""
         seq, params = req.seq, req.seq.params
-        reason, stop_tok = token_stop(
-            params, token, seq.num_output_tokens, seq.num_tokens, self.eos_token_ids, self.max_model_len
-        )
+        num_out = upto - seq.num_prompt_tokens
+        reason, stop_tok = token_stop(params, token, num_out, upto, self.eos_token_ids, self.max_model_len)
         token_text = ""
         if reason == "stop" and stop_tok is not None and not params.include_stop_str_in_output:
             text = ""  # eos / stop token: its text is not part of the output
@@ -285,7 +365,7 @@ class LLMEngine:
             request_id=seq.request_id, new_token_ids=[token], new_text=text,
             new_logprobs=[lp] if lp is not None else [],
             finished=reason is not None, finish_reason=reason, stop_reason=stop_tok,
-            num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=seq.num_output_tokens,
+            num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=num_out,
         )
         if reason is not None:
             self.scheduler.finish(seq, reason)

@@ -231,18 +231,41 @@ class ModelRunner:
 
     def run(self, batch: ScheduledBatch) -> dict[int, tuple[int, TokenLogprobs | None]]:
         """Run one step; {seq_id: (next token, logprobs)} for the sequences that sample."""
+        return self.launch(batch).result()
+
+    def can_feed(self, batch: ScheduledBatch) -> bool:
+        """Whether this step may take input tokens from an earlier step still on the device
+        (launch(feed=...)): a decode step on the padded graph path."""
+        return (not batch.is_prefill and bool(batch.seqs) and self.graphs is not None
+                and self.graphs.can_run(batch.seqs))
+
+    def launch(self, batch: ScheduledBatch, feed: "tuple[PendingStep, list[int]] | None" = None) -> "PendingStep":
+        """Queue one step on the device (forward + sampling) and return without waiting for it.
+
+        feed=(earlier, rows): the step's input token of sequence i is the token `earlier`
+        sampled in its row rows[i], read on the device (the host does not know it yet)."""
         if not batch.seqs:
-            return {}
+            return PendingStep([], None)
         if not batch.is_prefill and self.graphs is not None and self.graphs.can_run(batch.seqs):
             # decode: padded static inputs, graph replay (g906/engine/cuda_graphs.py)
-            logits = self.graphs.run(batch.seqs)
+            ids = None
+            if feed is not None:
+                earlier, src_rows = feed
+                ids = earlier.sample.ids
+                if src_rows == list(range(len(src_rows))):
+                    ids = ids[: len(src_rows)]
+                else:
+                    ids = ids.index_select(0, torch.as_tensor(src_rows, device=ids.device))
+            logits = self.graphs.run(batch.seqs, input_ids=ids)
             sampling = list(range(len(batch.seqs)))
         else:
+            if feed is not None:
+                raise ValueError("only graph-path decode steps take their input tokens from the device")
             input_ids, positions, ctx = self._context(batch)
             hidden = self.model.forward(input_ids, positions, ctx)
             sampling = [i for i in range(len(batch.seqs)) if batch.samples(i)]
             if not sampling:
-                return {}
+                return PendingStep([], None)
             cu = np.cumsum(batch.num_new_tokens)
             last = torch.as_tensor([int(cu[i]) - 1 for i in sampling], dtype=torch.long, device=hidden.device)
             logits = self.model.compute_logits(hidden.index_select(0, last))
@@ -255,5 +278,18 @@ class ModelRunner:
                 prompt_token_ids=s.prompt_token_ids if p.repetition_penalty != 1.0 else None,
                 output_token_ids=s.output_token_ids if p.has_penalties else None,
             ))
-        token_ids, lps = self.sampler(logits, rows)
-        return {batch.seqs[i].seq_id: (t, lp) for i, t, lp in zip(sampling, token_ids, lps)}
+        return PendingStep([batch.seqs[i].seq_id for i in sampling], self.sampler.launch(logits, rows))
+
+
+class PendingStep:
+    """A step queued on the device: result() waits for its sampled tokens."""
+
+    def __init__(self, seq_ids: list[int], sample):
+        self.seq_ids = seq_ids
+        self.sample = sample
+
+    def result(self) -> dict[int, tuple[int, TokenLogprobs | None]]:
+        if self.sample is None:
+            return {}
+        token_ids, lps = self.sample.result()
+        return {sid: (t, lp) for sid, t, lp in zip(self.seq_ids, token_ids, lps)}

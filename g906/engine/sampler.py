@@ -128,10 +128,16 @@ class Sampler:
         return torch.full_like(logits, float("-inf")).scatter(1, order, vals)
 
     def __call__(self, logits: torch.Tensor, rows: list[SamplerRow]) -> tuple[list[int], list[TokenLogprobs | None]]:
+        return self.launch(logits, rows).result()
+
+    def launch(self, logits: torch.Tensor, rows: list[SamplerRow]) -> "PendingSample":
+        """Queue the sampling work on the device and start the copies of its results to the
+        host; PendingSample.result() waits for them. Everything that reads `logits` is queued
+        here, so the caller may overwrite them (replay the next decode graph) right after."""
         if logits.shape[0] != len(rows):
             raise ValueError(f"{logits.shape[0]} rows of logits for {len(rows)} requests")
         if not rows:
-            return [], []
+            return PendingSample(None, [], None, 0)
         logits = logits.float()
         params = [r.params for r in rows]
         want_lp = [p.logprobs is not None for p in params]
@@ -154,20 +160,59 @@ class Sampler:
             sampled = (probs / q.clamp_min(1e-20)).argmax(dim=-1)
             greedy = torch.tensor([p.greedy for p in params], device=x.device)
             ids = torch.where(greedy, x.argmax(dim=-1), sampled)
-        token_ids = ids.tolist()                               # the one copy per step
-        out_lp: list[TokenLogprobs | None] = [None] * len(rows)
+        lp = None
         if raw_lp is not None:
             kmax = max(p.logprobs or 0 for p in params)
             chosen = raw_lp.gather(1, ids[:, None])[:, 0]
             ranks = (raw_lp > chosen[:, None]).sum(dim=-1) + 1
-            if kmax > 0:
-                top_v, top_i = raw_lp.topk(kmax, dim=-1)
-                top_v, top_i = top_v.tolist(), top_i.tolist()
+            top_v, top_i = raw_lp.topk(kmax, dim=-1) if kmax > 0 else (None, None)
+            lp = [_to_host(t) for t in (chosen, ranks, top_v, top_i)]
+        return PendingSample(ids, params, lp, len(rows))
+
+
+def _to_host(t: torch.Tensor | None) -> torch.Tensor | None:
+    """Start a device-to-host copy (asynchronous on a GPU: valid after the step's event)."""
+    if t is None or t.device.type == "cpu":
+        return t
+    return t.to("cpu", non_blocking=True)
+
+
+class PendingSample:
+    """The sampled token ids (and logprobs) of one step, on their way to the host. `ids` stays on
+    the device: the next decode step can take its input tokens from it without a host round trip."""
+
+    def __init__(self, ids: torch.Tensor | None, params: list[SamplingParams], lp, n: int):
+        self.ids = ids
+        self.params = params
+        self._lp = lp
+        self._host_ids = _to_host(ids) if ids is not None else None
+        self._event = None
+        if ids is not None and ids.device.type == "cuda":
+            self._event = torch.cuda.Event()
+            self._event.record()
+        self._result = None
+
+    def result(self) -> tuple[list[int], list[TokenLogprobs | None]]:
+        """Wait for this step's copies (only this step's work, not steps queued after it)."""
+        if self._result is not None:
+            return self._result
+        if self._event is not None:
+            self._event.synchronize()
+        if self._host_ids is None:
+            self._result = ([], [])
+            return self._result
+        token_ids = self._host_ids.tolist()                    # the one copy per step
+        out_lp: list[TokenLogprobs | None] = [None] * len(token_ids)
+        if self._lp is not None:
+            chosen, ranks, top_v, top_i = self._lp
             chosen_l, ranks_l = chosen.tolist(), ranks.tolist()
-            for i, p in enumerate(params):
+            top_v = top_v.tolist() if top_v is not None else None
+            top_i = top_i.tolist() if top_i is not None else None
+            for i, p in enumerate(self.params):
                 if p.logprobs is None:
                     continue
                 k = p.logprobs
                 top = list(zip(top_i[i][:k], top_v[i][:k])) if k > 0 else []
                 out_lp[i] = TokenLogprobs(token_ids[i], chosen_l[i], int(ranks_l[i]), top)
-        return token_ids, out_lp
+        self._result = (token_ids, out_lp)
+        return self._result
