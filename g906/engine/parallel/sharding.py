@@ -173,7 +173,7 @@ def take(name: str, t, kind: str, idx: list[int] | None, tp: int):
                         hint="the weights do not match the model config")
     if _contiguous(idx):
         return t.narrow(dim, idx[0], len(idx))
-    return t.index_select(dim, torch.as_tensor(idx, dtype=torch.long))
+    return t.index_select(dim, torch.as_tensor(idx, dtype=torch.long, device=t.device))
 
 
 def _quant_columns(name: str, t: QuantizedTensor, idx: list[int], tp: int) -> QuantizedTensor:
