@@ -255,7 +255,10 @@ class ModelRunner:
                 if src_rows == list(range(len(src_rows))):
                     ids = ids[: len(src_rows)]
                 else:
-                    ids = ids.index_select(0, torch.as_tensor(src_rows, device=ids.device))
+                    idx = torch.tensor(src_rows, dtype=torch.long)
+                    if ids.device.type == "cuda":    # no pageable copy: it would wait for the device
+                        idx = idx.pin_memory()
+                    ids = ids.index_select(0, idx.to(ids.device, non_blocking=True))
             logits = self.graphs.run(batch.seqs, input_ids=ids)
             sampling = list(range(len(batch.seqs)))
         else:
