@@ -380,9 +380,17 @@ def bench_gdn(quick):
         args = (q, k, v, a, b, A_log, dt, cu, st, slots, init)
         ms = bench_plain(lambda: registry.call_triton("gated_delta_rule_prefill", *args), rep=200)
         ms_ref = bench_plain(lambda: registry.call_reference("gated_delta_rule_prefill", *args), rep=200)
+        res = []
+        for bv in (16, 32, 64):  # value columns per phase-2 program (the default picks 16 or 32)
+            try:
+                res.append((bench_plain(lambda: registry.call_triton(
+                    "gated_delta_rule_prefill", *args, block_v=bv), rep=100), bv))
+            except Exception as e:
+                print("   block_v", bv, "failed:", type(e).__name__)
+        best = f", best block_v={min(res)[1]} {min(res)[0]:.3f} ms" if res else ""
         nbytes = (q.numel() + k.numel() + 2 * v.numel()) * 2 + 2 * st.numel() * 4
         record("gdn", f"9B gdn-prefill lens={lens[0]}x{len(lens)}", nbytes, ms, ms_ref,
-               f"{T / (ms * 1e-3) / 1e3:.0f}k tok/s (ref {T / (ms_ref * 1e-3) / 1e3:.0f}k)")
+               f"{T / (ms * 1e-3) / 1e3:.0f}k tok/s (ref {T / (ms_ref * 1e-3) / 1e3:.0f}k){best}")
 
 
 def bench_prefill_attention(quick):

@@ -4,12 +4,14 @@ Decode: one program per (sequence, value head, block of value columns); the stat
 of a value head evolve independently, so the [Dk, BLOCK_V] state tile is loaded once, updated
 and stored (fp32) and the output block computed in the same pass.
 
-Prefill: a first kernel inverts, for every chunk of C tokens of every sequence and every value
-head in parallel, the unit lower-triangular system (I + A) with A = tril(beta k k^T * decay, -1)
-by forward substitution (T = (I + A)^-1, fp32 in a scratch buffer); then one program per
-(sequence, value head, block of value columns) scans the sequence chunk by chunk:
-    U = T (beta V), W = T (beta K e^gc), V' = U - W S,
-    O = (Q e^gc) S + tril(Q K^T * decay) V',  S = e^gc_last S + (K e^(gc_last - gc))^T V'.
+Prefill, two phases (C-token chunks, C in {16, 32, 64}, per value head):
+  1. fully parallel over (chunk, value head): Gram matrices k k^T, q k^T of the chunk, then
+     Tinv = (I + A)^-1 for A = strictly-lower(beta k k^T * decay) by blocked inversion (16 x 16
+     diagonal blocks by forward substitution, the blocks below by small products), and
+     P = lower(q k^T * decay); Tinv, P and per-token factors go to fp32 scratch.
+  2. one program per (sequence, value head, block of value columns) scans the chunks:
+     V' = Tinv (beta V - (beta e^gc K) S),  O = (Q e^gc) S + P V',
+     S = e^gc_last S + (K e^(gc_last - gc))^T V'.
 All matrix products are fp32 (input_precision="ieee").
 """
 
@@ -19,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_util import next_pow2, empty
+from .._triton_util import empty, next_pow2, num_sms
 
 
 @triton.jit
@@ -97,55 +99,130 @@ def gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slo
 
 
 @triton.jit
-def _gdn_chunk_prep_kernel(k_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, cu_ptr, cseq_ptr, cfirst_ptr,
-                           tm_ptr, B, Hk, Hv, DK, sk_t, sk_h, sa_t, sb_t,
-                           GROUPED: tl.constexpr, C: tl.constexpr, BLOCK_K: tl.constexpr):
-    """T = (I + tril(beta k k^T * decay, -1))^-1 for one chunk and value head (all chunks of
-    all sequences in parallel), by forward substitution."""
+def _rows(ptr, t, stride_t, off, cols, rmask, cmask):
+    """fp32 tile [len(t), len(cols)] of rows t (masked rows/cols read as 0)."""
+    return tl.load(ptr + t[:, None] * stride_t + off + cols[None, :],
+                   mask=rmask[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _block(X, i, j, NB: tl.constexpr):
+    """16 x 16 block (i, j) of a [16 NB, 16 NB] register tile (masked sums: tiles can't be sliced)."""
+    nb = tl.arange(0, NB)
+    Xi = tl.sum(tl.where((nb == i)[:, None, None], tl.reshape(X, (NB, 16, 16 * NB)), 0.0), axis=0)
+    return tl.sum(tl.where((nb == j)[None, :, None], tl.reshape(Xi, (16, NB, 16)), 0.0), axis=1)
+
+
+@triton.jit
+def _gdn_chunk_kernel(q_ptr, k_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, cu_ptr, cseq_ptr, cfirst_ptr,
+                      t_ptr, p_ptr, f_ptr, B, T, Hk, Hv, DK, sq_t, sq_h, sk_t, sk_h, sa_t, sb_t,
+                      q_scale, GROUPED: tl.constexpr, C: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Phase 1, one program per (chunk slot, value head). Per token row i of the chunk it writes
+    row i of Tinv = (I + A)^-1 (A = strictly-lower(beta_i Kn_i.Kn_j e^(gc_i - gc_j))), row i of
+    P = lower(Qn_i.Kn_j e^(gc_i - gc_j)), and the row factors phase 2 applies to raw q/k/v rows:
+    f = (e^gc/|q| * Dk^-0.5, e^(gc_last - gc)/|k|, beta e^gc/|k|, beta, e^gc_last)."""
+    NB: tl.constexpr = C // 16
     ci = tl.program_id(0)
     h = tl.program_id(1)
     bi = tl.load(cseq_ptr + ci)
     if bi >= B:
         return
     kh = _key_head(h, Hk, Hv, GROUPED)
-    j = ci - tl.load(cfirst_ptr + bi)
     seq0 = tl.load(cu_ptr + bi)
     L = tl.load(cu_ptr + bi + 1) - seq0
     c = tl.arange(0, C)
-    rows = j * C + c
-    rmask = rows < L
+    row0 = (ci - tl.load(cfirst_ptr + bi)) * C               # first row of the chunk in its sequence
+    rows = row0 + c
+    m = rows < L
     t = (seq0 + rows).to(tl.int64)
-    kk = tl.arange(0, BLOCK_K)
-    Kc = tl.load(k_ptr + t[:, None] * sk_t + kh * sk_h + kk[None, :],
-                 mask=rmask[:, None] & (kk < DK)[None, :], other=0.0).to(tl.float32)
-    Kc = Kc / tl.sqrt(tl.sum(Kc * Kc, axis=1) + 1e-6)[:, None]
-    A = tl.load(alog_ptr + h).to(tl.float32)
-    dtb = tl.load(dtb_ptr + h).to(tl.float32)
-    a = tl.load(a_ptr + t * sa_t + h, mask=rmask, other=0.0).to(tl.float32)
-    bb = tl.load(b_ptr + t * sb_t + h, mask=rmask, other=0.0).to(tl.float32)
-    g = tl.where(rmask, -tl.exp(A) * _softplus(a + dtb), 0.0)
-    beta = tl.where(rmask, 1.0 / (1.0 + tl.exp(-bb)), 0.0)
+    a = tl.load(a_ptr + t * sa_t + h, mask=m, other=0.0).to(tl.float32)
+    bb = tl.load(b_ptr + t * sb_t + h, mask=m, other=0.0).to(tl.float32)
+    negA = -tl.exp(tl.load(alog_ptr + h).to(tl.float32))
+    g = tl.where(m, negA * _softplus(a + tl.load(dtb_ptr + h).to(tl.float32)), 0.0)
+    beta = tl.where(m, 1.0 / (1.0 + tl.exp(-bb)), 0.0)
     gc = tl.cumsum(g, axis=0)
-    strict = c[:, None] > c[None, :]
-    decay = tl.exp(tl.where(strict, gc[:, None] - gc[None, :], float("-inf")))
-    KK = tl.dot(Kc, tl.trans(Kc), input_precision="ieee")
-    Am = tl.where(strict, beta[:, None] * KK * decay, 0.0)
-    Tm = (c[:, None] == c[None, :]).to(tl.float32)
-    for i in range(1, C):
-        a_row = tl.sum(tl.where(c[:, None] == i, Am, 0.0), axis=0)      # Am[i, :]
-        new = tl.sum(a_row[:, None] * Tm, axis=0)                        # Am[i, :] @ T
-        Tm = tl.where(c[:, None] == i, (c[None, :] == i).to(tl.float32) - new[None, :], Tm)
-    base = (ci.to(tl.int64) * Hv + h) * C * C
-    tl.store(tm_ptr + base + c[:, None] * C + c[None, :], Tm)
+    gl = tl.sum(g, axis=0)                                  # gc of the last row
+    # raw Gram matrices k k^T, q k^T and the row norms, 16 key columns at a time (small dots)
+    G = tl.zeros((C, C), tl.float32)
+    H = tl.zeros((C, C), tl.float32)
+    ssk = tl.zeros((C,), tl.float32)
+    ssq = tl.zeros((C,), tl.float32)
+    r = tl.arange(0, 16)
+    for d in range(0, BLOCK_K, 16):
+        kd = _rows(k_ptr, t, sk_t, kh * sk_h + d, r, m, d + r < DK)
+        qd = _rows(q_ptr, t, sq_t, kh * sq_h + d, r, m, d + r < DK)
+        G += tl.dot(kd, tl.trans(kd), input_precision="ieee")
+        H += tl.dot(qd, tl.trans(kd), input_precision="ieee")
+        ssk += tl.sum(kd * kd, axis=1)
+        ssq += tl.sum(qd * qd, axis=1)
+    rk = 1.0 / tl.sqrt(ssk + 1e-6)
+    rq = 1.0 / tl.sqrt(ssq + 1e-6)
+    dec = tl.exp(tl.where(c[:, None] >= c[None, :], gc[:, None] - gc[None, :], float("-inf")))
+    hi = h * T + t                                          # scratch row of each token
+    P = H * (rq * q_scale)[:, None] * (rk[None, :] * dec)
+    tl.store(p_ptr + hi[:, None] * C + c[None, :], P, mask=m[:, None])
+    A = tl.where(c[:, None] > c[None, :], G * (beta * rk)[:, None] * (rk[None, :] * dec), 0.0)
+    f = f_ptr + hi
+    tl.store(f, rq * q_scale * tl.exp(gc), mask=m)
+    tl.store(f + Hv * T, rk * tl.exp(gl - gc), mask=m)
+    tl.store(f + 2 * Hv * T, rk * beta * tl.exp(gc), mask=m)
+    tl.store(f + 3 * Hv * T, beta, mask=m)
+    tl.store(f + 4 * Hv * T, tl.zeros((C,), tl.float32) + tl.exp(gl), mask=m)
+    # blocked inversion of the unit lower-triangular I + A, in 16 x 16 blocks (flat tuple index
+    # i(i+1)/2 + j for block (i, j), j <= i); first the diagonal blocks by forward substitution:
+    # row s of the inverse = e_s - A_ii[s, :] @ inverse (rows < s final), NB blocks interleaved
+    As = ()
+    for i in tl.static_range(NB):
+        for j in tl.static_range(i + 1):
+            As += (_block(A, i, j, NB),)
+    eye = (r[:, None] == r[None, :]).to(tl.float32)
+    Ds = ()
+    for i in tl.static_range(NB):
+        Ds += (eye,)
+    for s in tl.static_range(1, 16):
+        sel = r[:, None] == s
+        nd = ()
+        for i in tl.static_range(NB):
+            arow = tl.sum(tl.where(sel, As[i * (i + 1) // 2 + i], 0.0), axis=0)
+            new = tl.sum(arow[:, None] * Ds[i], axis=0)
+            nd += (tl.where(sel, eye - new[None, :], Ds[i]),)
+        Ds = nd
+    # then the blocks below the diagonal, T_ij = -D_i sum_{k=j}^{i-1} A_ik T_kj; store row blocks
+    Ts = ()
+    for i in tl.static_range(NB):
+        ri = row0 + i * 16 + r
+        tp = t_ptr + (h * T + seq0 + ri).to(tl.int64)[:, None] * C
+        mi = (ri < L)[:, None]
+        for j in tl.static_range(i + 1):
+            if j == i:
+                Tij = Ds[i]
+            else:
+                acc = tl.zeros((16, 16), tl.float32)
+                for k in tl.static_range(j, i):
+                    acc += tl.dot(As[i * (i + 1) // 2 + k], Ts[k * (k + 1) // 2 + j],
+                                  input_precision="ieee")
+                Tij = -tl.dot(Ds[i], acc, input_precision="ieee")
+            Ts += (Tij,)
+            tl.store(tp + j * 16 + r[None, :], Tij, mask=mi)
 
 
 @triton.jit
-def _gdn_prefill_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, cu_ptr, st_ptr,
-                        slot_ptr, init_ptr, o_ptr, tm_ptr, cfirst_ptr, Hk, Hv, DK, DV, sq_t, sq_h,
-                        sk_t, sk_h, sv_t,
-                        sv_h, sa_t, sb_t, ss_s, ss_h, ss_k, so_t, so_h, q_scale,
-                        GROUPED: tl.constexpr, C: tl.constexpr, BLOCK_K: tl.constexpr,
-                        BLOCK_V: tl.constexpr):
+def _gdn_scan_kernel(q_ptr, k_ptr, v_ptr, t_ptr, p_ptr, f_ptr, cu_ptr, st_ptr, slot_ptr, init_ptr,
+                     o_ptr, T, Hk, Hv, DK, DV, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, ss_s, ss_h,
+                     ss_k, so_t, so_h, GROUPED: tl.constexpr, C: tl.constexpr,
+                     BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, PREC: tl.constexpr):
+    """Phase 2, one program per (sequence, value head, BLOCK_V value columns), chunk by chunk:
+    V' = Tinv (beta V - (beta e^gc Kn) S),  O = (Qn e^gc) S + P V',
+    S = e^gc_last S + (Kn e^(gc_last - gc))^T V'.
+    Tiling: Triton's fp32 FMA dot keeps, per thread, its operand rows/columns over the whole
+    contraction in registers (a [64, 128] x [128, 32] dot alone spills), so every product is a
+    16 x 16 x BV dot: S is a tuple of Dk/16 [16, BV] tiles, X, V', O tuples of C/16, and the
+    q/k/v/Tinv/P operands are [16, 16] tiles loaded right before use. Live, 4 warps: S + X + V'
+    + O = (8 + 3 x 4) x 16 BV / 128 fp32 regs/thread (40 at BV=16) plus one dot's operands.
+    Work per chunk (C=64, Dk=128): 64 + 10 + 10 + 32 dots = 116 x 256 BV FMA (0.48M at BV=16);
+    9B at 512 tokens: 32 heads x 8 value blocks = 256 programs x 8 chunks."""
+    NB: tl.constexpr = C // 16
+    NK: tl.constexpr = BLOCK_K // 16
     bi = tl.program_id(0)
     h = tl.program_id(1)
     vb = tl.program_id(2)
@@ -154,56 +231,101 @@ def _gdn_prefill_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, cu
     L = tl.load(cu_ptr + bi + 1) - start
     slot = tl.load(slot_ptr + bi).to(tl.int64)
     has_init = tl.load(init_ptr + bi) != 0
-    kk = tl.arange(0, BLOCK_K)
-    kmask = kk < DK
+    r = tl.arange(0, 16)
     vv = vb * BLOCK_V + tl.arange(0, BLOCK_V)
-    vmask = vv < DV
-    m_kv = kmask[:, None] & vmask[None, :]
-    sp = st_ptr + slot * ss_s + h * ss_h + kk[:, None] * ss_k + vv[None, :]
-    S = tl.load(sp, mask=m_kv & has_init, other=0.0)
-    A = tl.load(alog_ptr + h).to(tl.float32)
-    dtb = tl.load(dtb_ptr + h).to(tl.float32)
-    negA = -tl.exp(A)
-    c = tl.arange(0, C)
-    lower = c[:, None] >= c[None, :]
-    chunk0 = tl.load(cfirst_ptr + bi)
+    vm = vv < DV
+    sp = st_ptr + slot * ss_s + h * ss_h + vv[None, :]
+    S = ()
+    for i in tl.static_range(NK):
+        ks = i * 16 + r
+        S += (tl.load(sp + ks[:, None] * ss_k, mask=(ks < DK)[:, None] & vm[None, :] & has_init,
+                      other=0.0),)
     for c0 in range(0, L, C):
-        rows = c0 + c
-        rmask = rows < L
-        t = (start + rows).to(tl.int64)
-        m_ck = rmask[:, None] & kmask[None, :]
-        Kc = tl.load(k_ptr + t[:, None] * sk_t + kh * sk_h + kk[None, :], mask=m_ck,
-                     other=0.0).to(tl.float32)
-        Qc = tl.load(q_ptr + t[:, None] * sq_t + kh * sq_h + kk[None, :], mask=m_ck,
-                     other=0.0).to(tl.float32)
-        Kc = Kc / tl.sqrt(tl.sum(Kc * Kc, axis=1) + 1e-6)[:, None]
-        Qc = Qc / tl.sqrt(tl.sum(Qc * Qc, axis=1) + 1e-6)[:, None] * q_scale
-        Vc = tl.load(v_ptr + t[:, None] * sv_t + h * sv_h + vv[None, :],
-                     mask=rmask[:, None] & vmask[None, :], other=0.0).to(tl.float32)
-        a = tl.load(a_ptr + t * sa_t + h, mask=rmask, other=0.0).to(tl.float32)
-        bb = tl.load(b_ptr + t * sb_t + h, mask=rmask, other=0.0).to(tl.float32)
-        g = tl.where(rmask, negA * _softplus(a + dtb), 0.0)
-        beta = tl.where(rmask, 1.0 / (1.0 + tl.exp(-bb)), 0.0)
-        gc = tl.cumsum(g, axis=0)
-        decay = tl.exp(tl.where(lower, gc[:, None] - gc[None, :], float("-inf")))
-        tbase = ((chunk0 + c0 // C).to(tl.int64) * Hv + h) * C * C
-        Tm = tl.load(tm_ptr + tbase + c[:, None] * C + c[None, :])         # from the prep kernel
-        U = tl.dot(Tm, Vc * beta[:, None], input_precision="ieee")
-        W = tl.dot(Tm, Kc * (beta * tl.exp(gc))[:, None], input_precision="ieee")
-        Vn = U - tl.dot(W, S, input_precision="ieee")
-        QK = tl.dot(Qc, tl.trans(Kc), input_precision="ieee") * decay
-        O = tl.dot(Qc * tl.exp(gc)[:, None], S, input_precision="ieee") + \
-            tl.dot(QK, Vn, input_precision="ieee")
-        tl.store(o_ptr + t[:, None] * so_t + h * so_h + vv[None, :], O.to(o_ptr.dtype.element_ty),
-                 mask=rmask[:, None] & vmask[None, :])
-        g_last = tl.sum(tl.where(c == C - 1, gc, 0.0), axis=0)
-        Kd = Kc * tl.exp(g_last - gc)[:, None]
-        S = S * tl.exp(g_last) + tl.dot(tl.trans(Kd), Vn, input_precision="ieee")
-    tl.store(sp, S, mask=m_kv)
+        # per-chunk base pointers (64-bit), then small 32-bit offsets within the chunk
+        t0 = (start + c0).to(tl.int64)
+        qc = q_ptr + t0 * sq_t + kh * sq_h
+        kc = k_ptr + t0 * sk_t + kh * sk_h
+        vc = v_ptr + t0 * sv_t + h * sv_h
+        sc = h * T + t0                                       # scratch row of the chunk's first token
+        tc = t_ptr + sc * C
+        pc = p_ptr + sc * C
+        fc = f_ptr + sc
+        egl = tl.load(fc + 4 * Hv * T)
+        ms = ()
+        X = ()
+        O = ()
+        Vn = ()
+        for j in tl.static_range(NB):
+            rj = j * 16 + r
+            rm = c0 + rj < L
+            fbeta = tl.load(fc + 3 * Hv * T + rj, mask=rm, other=0.0)
+            ms += (rm,)
+            X += (_rows(vc, rj, sv_t, 0, vv, rm, vm) * fbeta[:, None],)
+            O += (tl.zeros((16, BLOCK_V), tl.float32),)
+            Vn += (tl.zeros((16, BLOCK_V), tl.float32),)
+        # X = beta V - (beta e^gc Kn) S and O = (Qn e^gc) S, key tile by key tile
+        for i in tl.static_range(NK):
+            ks = i * 16 + r
+            km = ks < DK
+            nx = ()
+            no = ()
+            for j in tl.static_range(NB):
+                rj = j * 16 + r
+                fq = tl.load(fc + rj, mask=ms[j], other=0.0)
+                fb = tl.load(fc + 2 * Hv * T + rj, mask=ms[j], other=0.0)
+                Kb = _rows(kc, rj, sk_t, 0, ks, ms[j], km) * fb[:, None]
+                Qg = _rows(qc, rj, sq_t, 0, ks, ms[j], km) * fq[:, None]
+                nx += (X[j] - tl.dot(Kb, S[i], input_precision=PREC),)
+                no += (O[j] + tl.dot(Qg, S[i], input_precision=PREC),)
+            X = nx
+            O = no
+        ns = ()
+        for i in tl.static_range(NK):
+            ns += (S[i] * egl,)
+        S = ns
+        # by column block l: V'_j += Tinv_jl X_l (V'_l is then final), O_j += P_jl V'_l (O_l is
+        # then final), S += Kd_l^T V'_l
+        for l in tl.static_range(NB):
+            rl = l * 16 + r
+            nv = ()
+            for j in tl.static_range(NB):
+                if j >= l:
+                    Tt = _rows(tc, j * 16 + r, C, l * 16, r, ms[j], r < 16)
+                    nv += (Vn[j] + tl.dot(Tt, X[l], input_precision=PREC),)
+                else:
+                    nv += (Vn[j],)
+            Vn = nv
+            no = ()
+            for j in tl.static_range(NB):
+                if j >= l:
+                    Pt = _rows(pc, j * 16 + r, C, l * 16, r, ms[j], r < 16)
+                    no += (O[j] + tl.dot(Pt, Vn[l], input_precision=PREC),)
+                else:
+                    no += (O[j],)
+            O = no
+            tl.store(o_ptr + (t0 + rl)[:, None] * so_t + h * so_h + vv[None, :],
+                     O[l].to(o_ptr.dtype.element_ty), mask=ms[l][:, None] & vm[None, :])
+            fk = tl.load(fc + Hv * T + rl, mask=ms[l], other=0.0)
+            ns = ()
+            for i in tl.static_range(NK):
+                ks = i * 16 + r
+                Kt = tl.load(kc + rl[None, :] * sk_t + ks[:, None],
+                             mask=(ks < DK)[:, None] & ms[l][None, :], other=0.0).to(tl.float32)
+                ns += (S[i] + tl.dot(Kt * fk[None, :], Vn[l], input_precision=PREC),)
+            S = ns
+    for i in tl.static_range(NK):
+        ks = i * 16 + r
+        tl.store(sp + ks[:, None] * ss_k, S[i], mask=(ks < DK)[:, None] & vm[None, :])
+
+
+# Phase-2 dot precision: "ieee" (fp32 FMA) everywhere. "tf32" would be a CUDA-only option; it is
+# not used (not verified against the GPU tests' tolerance; "tf32x3" spills more than ieee here).
+_SCAN_PRECISION = "ieee"
 
 
 def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, cu_seqlens, ssm_states, state_slots,
-                             has_initial_state, *, v_head_order="grouped", chunk_size=64):
+                             has_initial_state, *, v_head_order="grouped", chunk_size=64,
+                             block_v=None, num_warps=4):
     T, Hk, DK = k.shape
     Hv, DV = v.shape[1], v.shape[2]
     B = state_slots.shape[0]
@@ -214,30 +336,36 @@ def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, cu_seqlens, ssm_stat
     for t in (q, k, v):
         assert t.stride(-1) == 1
     assert a.stride(-1) == 1 and b.stride(-1) == 1
-    BLOCK_K = max(16, next_pow2(DK))
-    BLOCK_V = max(16, min(next_pow2(DV), 64))
     C = max(16, next_pow2(chunk_size))
+    assert C <= 64, "chunk_size must be at most 64"
+    BLOCK_K = max(16, next_pow2(DK))
+    if block_v is None:  # 32 value columns per program once that still fills the device twice
+        block_v = 32 if B * Hv * triton.cdiv(DV, 32) >= 2 * num_sms(v.device) else 16
+    BLOCK_V = max(16, min(block_v, next_pow2(DV)))
+    grouped = v_head_order == "grouped"
     init = has_initial_state.to(torch.int32)
-    # chunk bookkeeping on the device (no host sync): chunks per sequence, first chunk index of
-    # each sequence, and the sequence of every chunk slot (slots past the total get B)
-    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
-    nch = (lens + C - 1) // C
-    ccum = torch.cumsum(nch, 0)
-    cfirst = (ccum - nch).to(torch.int32)
-    max_chunks = triton.cdiv(T, C) + B
-    cseq = torch.searchsorted(ccum, torch.arange(max_chunks, device=v.device), right=True)
-    cseq = cseq.to(torch.int32)
-    tm = torch.empty((max_chunks, Hv, C, C), dtype=torch.float32, device=v.device)
+    # phase-1 outputs per value head and token: Tinv and P rows, 5 row factors
+    tinv = torch.empty((Hv, T, C), dtype=torch.float32, device=v.device)
+    p = torch.empty((Hv, T, C), dtype=torch.float32, device=v.device)
+    f = torch.empty((5, Hv, T), dtype=torch.float32, device=v.device)
     if T > 0:
-        _gdn_chunk_prep_kernel[(max_chunks, Hv)](
-            k, a, b, A_log, dt_bias, cu_seqlens, cseq, cfirst, tm, B, Hk, Hv, DK, k.stride(0),
-            k.stride(1), a.stride(0), b.stride(0), GROUPED=v_head_order == "grouped", C=C,
-            BLOCK_K=BLOCK_K, num_warps=4)
-    _gdn_prefill_kernel[(B, Hv, triton.cdiv(DV, BLOCK_V))](
-        q, k, v, a, b, A_log, dt_bias, cu_seqlens, ssm_states, state_slots, init, o, tm, cfirst,
-        Hk, Hv, DK,
-        DV, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        a.stride(0), b.stride(0), ssm_states.stride(0), ssm_states.stride(1),
-        ssm_states.stride(2), o.stride(0), o.stride(1), DK ** -0.5,
-        GROUPED=v_head_order == "grouped", C=C, BLOCK_K=BLOCK_K, BLOCK_V=BLOCK_V, num_warps=8)
+        # chunk bookkeeping on the device (no host sync): chunks per sequence, first chunk index
+        # of each sequence, and the sequence of every chunk slot (slots past the total get B)
+        lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
+        nch = (lens + C - 1) // C
+        ccum = torch.cumsum(nch, 0)
+        cfirst = (ccum - nch).to(torch.int32)
+        max_chunks = triton.cdiv(T, C) + B
+        cseq = torch.searchsorted(ccum, torch.arange(max_chunks, device=v.device), right=True)
+        cseq = cseq.to(torch.int32)
+        _gdn_chunk_kernel[(max_chunks, Hv)](
+            q, k, a, b, A_log, dt_bias, cu_seqlens, cseq, cfirst, tinv, p, f, B, T, Hk, Hv, DK,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), a.stride(0), b.stride(0),
+            DK ** -0.5, GROUPED=grouped, C=C, BLOCK_K=BLOCK_K, num_warps=4, num_stages=1)
+    _gdn_scan_kernel[(B, Hv, triton.cdiv(DV, BLOCK_V))](
+        q, k, v, tinv, p, f, cu_seqlens, ssm_states, state_slots, init, o, T, Hk, Hv, DK, DV,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        ssm_states.stride(0), ssm_states.stride(1), ssm_states.stride(2), o.stride(0),
+        o.stride(1), GROUPED=grouped, C=C, BLOCK_K=BLOCK_K, BLOCK_V=BLOCK_V,
+        PREC=_SCAN_PRECISION, num_warps=num_warps, num_stages=1)
     return o

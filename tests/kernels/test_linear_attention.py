@@ -134,6 +134,25 @@ def test_gdn_prefill(lens, chunk, order):
     assert torch.isnan(sts[0][1]).all()
 
 
+def test_gdn_prefill_several_tiles():
+    # Dk, Dv not multiples of 16 (several key/value tiles, the last partly masked), an empty
+    # sequence, chunk 32, state read and written through strided slots
+    g = torch.Generator().manual_seed(36)
+    Hk, Hv, Dk, Dv = 1, 2, 40, 40
+    lens = [33, 0, 71]
+    q, k, v, a, b, A_log, dt_bias = _gdn_inputs(sum(lens), Hk, Hv, Dk, Dv, torch.float32, g)
+    cu = _i32([0] + torch.tensor(lens).cumsum(0).tolist())
+    slots, init = _i32([1, 2, 0]), torch.tensor([True, True, False], device=DEVICE)
+    st0 = randn(3, Hv, Dk, Dv, gen=g, scale=0.3)
+    s_t, s_r = st0.clone(), st0.clone()
+    args = (q, k, v, a, b, A_log, dt_bias, cu)
+    o_t = registry.call_triton("gated_delta_rule_prefill", *args, s_t, slots, init, chunk_size=32,
+                               block_v=32)
+    o_r = gated_delta_rule_recurrent(*args, s_r, slots, init)
+    assert_close(o_t, o_r)
+    assert_close(s_t, s_r)
+
+
 def test_gdn_prefill_fp16_inputs():
     g = torch.Generator().manual_seed(32)
     Hk, Hv, Dk, Dv = 1, 2, 16, 16
