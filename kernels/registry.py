@@ -61,13 +61,20 @@ def ops() -> dict[str, Op]:
     return dict(_OPS)
 
 
+_MODE_SEEN: list = [None, "auto"]       # (raw G906_KERNELS value, its mode): one env read per call
+
+
 def mode() -> str:
-    m = os.environ.get("G906_KERNELS", "auto").strip().lower() or "auto"
+    raw = os.environ.get("G906_KERNELS", "auto")
+    if raw == _MODE_SEEN[0]:
+        return _MODE_SEEN[1]
+    m = raw.strip().lower() or "auto"
     if m not in MODES:
         from g906.errors import G906Error
 
         raise G906Error(f"G906_KERNELS={m!r} is not one of {', '.join(MODES)}",
                         hint="unset it or set G906_KERNELS=auto")
+    _MODE_SEEN[:] = [raw, m]
     return m
 
 
@@ -119,7 +126,12 @@ def dtype_ok(t: torch.Tensor) -> bool:
 
 
 def _first_tensor(args, kwargs) -> torch.Tensor | None:
-    for a in list(args) + list(kwargs.values()):
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a
+        if hasattr(a, "data") and isinstance(getattr(a, "data"), torch.Tensor):
+            return a.data
+    for a in kwargs.values():
         if isinstance(a, torch.Tensor):
             return a
         if hasattr(a, "data") and isinstance(getattr(a, "data"), torch.Tensor):
@@ -162,8 +174,19 @@ def choose(name: str, *args, **kwargs) -> str:
 
 
 def dispatch(name: str, *args, **kwargs):
-    _load_ops()
-    op = _OPS[name]
+    op = _OPS.get(name)
+    if op is None:
+        _load_ops()
+        op = _OPS[name]
+    # the per-call cost matters (hundreds of calls per eager step): the common auto-mode GPU
+    # case is decided inline, everything else through choose()
+    if mode() == "auto":
+        t = _first_tensor(args, kwargs)
+        if (t is not None and t.device.type == "cuda" and op.triton is not None and triton_available()
+                and (op.supports is None or op.supports(*args, **kwargs))):
+            fn = op._triton_fn or op.triton_fn()
+            return fn(*args, **kwargs)
+        return op.reference(*args, **kwargs)
     if choose(name, *args, **kwargs) == "triton":
         return op.triton_fn()(*args, **kwargs)
     return op.reference(*args, **kwargs)

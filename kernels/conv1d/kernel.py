@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_util import next_pow2, empty, empty_like
+from .._triton_util import empty, empty_like, next_pow2, step_memo
 
 
 @triton.jit
@@ -70,16 +70,21 @@ def _conv_state_kernel(x_ptr, cu_ptr, st_ptr, slot_ptr, init_ptr, C, sx_t, ss_s,
     tl.store(sp + i[:, None], new, mask=m2)
 
 
+def _token_seq(cu_seqlens, T):
+    """The sequence of every token (int32, on the device)."""
+    tok = torch.arange(T, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
+    return torch.searchsorted(cu_seqlens[1:].contiguous(), tok, right=True).to(torch.int32)
+
+
 def causal_conv1d_prefill(x, weight, cu_seqlens, conv_states, state_slots, has_initial_state):
     T, C = x.shape
     K = weight.shape[1]
     B = state_slots.shape[0]
     assert x.stride(1) == 1 and weight.stride(1) == 1 and conv_states.stride(2) == 1
     out = empty((T, C), x.dtype, x.device)
-    init = has_initial_state.to(torch.int32)
+    init = step_memo("conv.init", (has_initial_state,), None, lambda: has_initial_state.to(torch.int32))
     if T > 0:
-        tok = torch.arange(T, device=x.device, dtype=cu_seqlens.dtype)
-        sid = torch.searchsorted(cu_seqlens[1:].contiguous(), tok, right=True).to(torch.int32)
+        sid = step_memo("conv.sid", (cu_seqlens,), T, lambda: _token_seq(cu_seqlens, T))
         BLOCK_T, BLOCK_C = 16, 128
         _conv_prefill_kernel[(triton.cdiv(T, BLOCK_T), triton.cdiv(C, BLOCK_C))](
             x, weight, cu_seqlens, sid, conv_states, state_slots, init, out, T, C, x.stride(0),

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_util import empty, next_pow2, num_sms
+from .._triton_util import empty, next_pow2, num_sms, step_memo
 
 
 @triton.jit
@@ -323,6 +323,16 @@ def _gdn_scan_kernel(q_ptr, k_ptr, v_ptr, t_ptr, p_ptr, f_ptr, cu_ptr, st_ptr, s
 _SCAN_PRECISION = "ieee"
 
 
+def _chunk_map(cu_seqlens, C, max_chunks):
+    """(sequence of every chunk slot, first chunk of each sequence), int32, on the device."""
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
+    nch = (lens + C - 1) // C
+    ccum = torch.cumsum(nch, 0)
+    cfirst = (ccum - nch).to(torch.int32)
+    cseq = torch.searchsorted(ccum, torch.arange(max_chunks, device=cu_seqlens.device), right=True)
+    return cseq.to(torch.int32), cfirst
+
+
 def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, cu_seqlens, ssm_states, state_slots,
                              has_initial_state, *, v_head_order="grouped", chunk_size=64,
                              block_v=None, num_warps=4):
@@ -343,7 +353,7 @@ def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, cu_seqlens, ssm_stat
         block_v = 32 if B * Hv * triton.cdiv(DV, 32) >= 2 * num_sms(v.device) else 16
     BLOCK_V = max(16, min(block_v, next_pow2(DV)))
     grouped = v_head_order == "grouped"
-    init = has_initial_state.to(torch.int32)
+    init = step_memo("gdn.init", (has_initial_state,), None, lambda: has_initial_state.to(torch.int32))
     # phase-1 outputs per value head and token: Tinv and P rows, 5 row factors
     tinv = torch.empty((Hv, T, C), dtype=torch.float32, device=v.device)
     p = torch.empty((Hv, T, C), dtype=torch.float32, device=v.device)
@@ -351,13 +361,9 @@ def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, cu_seqlens, ssm_stat
     if T > 0:
         # chunk bookkeeping on the device (no host sync): chunks per sequence, first chunk index
         # of each sequence, and the sequence of every chunk slot (slots past the total get B)
-        lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
-        nch = (lens + C - 1) // C
-        ccum = torch.cumsum(nch, 0)
-        cfirst = (ccum - nch).to(torch.int32)
         max_chunks = triton.cdiv(T, C) + B
-        cseq = torch.searchsorted(ccum, torch.arange(max_chunks, device=v.device), right=True)
-        cseq = cseq.to(torch.int32)
+        cseq, cfirst = step_memo("gdn.chunks", (cu_seqlens,), (T, C, B),
+                                 lambda: _chunk_map(cu_seqlens, C, max_chunks))
         _gdn_chunk_kernel[(max_chunks, Hv)](
             q, k, a, b, A_log, dt_bias, cu_seqlens, cseq, cfirst, tinv, p, f, B, T, Hk, Hv, DK,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), a.stride(0), b.stride(0),

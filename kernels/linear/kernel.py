@@ -17,6 +17,8 @@ read byte-wise, so no alignment beyond one byte is assumed.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -240,6 +242,11 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, T, sx_t, sw_n, so_t,
 
 
 def _gemv_config(T, N, K, device, dtype):
+    return dict(_gemv_config_cached(T, N, K, device, dtype))      # callers update their copy
+
+
+@functools.lru_cache(maxsize=4096)
+def _gemv_config_cached(T, N, K, device, dtype):
     bt = next_pow2(T)
     use_dot = (device.type == "cuda" and not is_rocm() and bt > 4 and dtype == torch.float16)
     if use_dot:  # H200: 91% of copy bandwidth at 12288x4096, T=8 (docs/PERF.md)
@@ -618,6 +625,11 @@ def warp_size(device) -> int:
 
 
 def _pq_gemv_config(T, N, K, qtype, device):
+    return dict(_pq_gemv_config_cached(T, N, K, qtype, device))   # callers update their copy
+
+
+@functools.lru_cache(maxsize=4096)
+def _pq_gemv_config_cached(T, N, K, qtype, device):
     """BLOCK_N rows per program (rows live in registers: each thread reuses its activations for
     all of them and keeps BLOCK_N 16-byte loads in flight), num_warps, and a split of K so
     that there are about 4 programs per SM/CU. Row counts from the register use of the

@@ -1,0 +1,30 @@
+"""step_memo: per-step bookkeeping computed once for all layers, never reused for other data."""
+
+import torch
+
+from g906.kernels._triton_util import next_pow2, step_memo
+
+
+def test_reused_for_the_same_tensors_only():
+    calls = []
+
+    def make(t):
+        calls.append(1)
+        return t * 2
+
+    cu = torch.tensor([0, 3, 7])
+    a = step_memo("t", (cu,), 7, lambda: make(cu))
+    b = step_memo("t", (cu,), 7, lambda: make(cu))
+    assert a is b and len(calls) == 1                       # same step: one computation
+    step_memo("t", (cu,), 8, lambda: make(cu))               # other extra (token count)
+    assert len(calls) == 2
+    cu.add_(1)                                               # modified in place: recomputed
+    c = step_memo("t", (cu,), 8, lambda: make(cu))
+    assert len(calls) == 3 and c.tolist() == [2, 8, 16]
+    other = torch.tensor([0, 3, 7])                          # equal values, another tensor
+    step_memo("t", (other,), 8, lambda: make(other))
+    assert len(calls) == 4
+
+
+def test_next_pow2():
+    assert [next_pow2(n) for n in (0, 1, 2, 3, 16, 17, 1000)] == [1, 1, 2, 4, 16, 32, 1024]
