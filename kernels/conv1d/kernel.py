@@ -15,7 +15,7 @@ import triton.language as tl
 from .._triton_util import empty, empty_like, next_pow2, step_memo
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _conv_prefill_kernel(x_ptr, w_ptr, cu_ptr, sid_ptr, st_ptr, slot_ptr, init_ptr, out_ptr, T, C,
                          sx_t, so_t, sw_c, ss_s, ss_c, K: tl.constexpr, BLOCK_T: tl.constexpr,
                          BLOCK_C: tl.constexpr):

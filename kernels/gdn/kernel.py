@@ -113,7 +113,7 @@ def _block(X, i, j, NB: tl.constexpr):
     return tl.sum(tl.where((nb == j)[None, :, None], tl.reshape(Xi, (16, NB, 16)), 0.0), axis=1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["B", "T"])
 def _gdn_chunk_kernel(q_ptr, k_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, cu_ptr, cseq_ptr, cfirst_ptr,
                       t_ptr, p_ptr, f_ptr, B, T, Hk, Hv, DK, sq_t, sq_h, sk_t, sk_h, sa_t, sb_t,
                       q_scale, GROUPED: tl.constexpr, C: tl.constexpr, BLOCK_K: tl.constexpr):
@@ -206,7 +206,7 @@ def _gdn_chunk_kernel(q_ptr, k_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, cu_ptr, cse
             tl.store(tp + j * 16 + r[None, :], Tij, mask=mi)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _gdn_scan_kernel(q_ptr, k_ptr, v_ptr, t_ptr, p_ptr, f_ptr, cu_ptr, st_ptr, slot_ptr, init_ptr,
                      o_ptr, T, Hk, Hv, DK, DV, sq_t, sq_h, sk_t, sk_h, sv_t, sv_h, ss_s, ss_h,
                      ss_k, so_t, so_h, GROUPED: tl.constexpr, C: tl.constexpr,
@@ -349,8 +349,9 @@ def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, cu_seqlens, ssm_stat
     C = max(16, next_pow2(chunk_size))
     assert C <= 64, "chunk_size must be at most 64"
     BLOCK_K = max(16, next_pow2(DK))
-    if block_v is None:  # 32 value columns per program once that still fills the device twice
-        block_v = 32 if B * Hv * triton.cdiv(DV, 32) >= 2 * num_sms(v.device) else 16
+    if block_v is None:  # 32 value columns per program once one sequence fills the device
+        # twice; not from the batch size, so a new batch never compiles another variant
+        block_v = 32 if Hv * triton.cdiv(DV, 32) >= 2 * num_sms(v.device) else 16
     BLOCK_V = max(16, min(block_v, next_pow2(DV)))
     grouped = v_head_order == "grouped"
     init = step_memo("gdn.init", (has_initial_state,), None, lambda: has_initial_state.to(torch.int32))

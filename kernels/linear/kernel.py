@@ -173,7 +173,7 @@ def _qgemv_row_kernel(x_ptr, w_ptr, out_ptr, N, sw_n, n_steps, QT: tl.constexpr,
     tl.store(out_ptr + nn, acc.to(out_ptr.dtype.element_ty), mask=nmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _qgemm_kernel(x_ptr, w_ptr, out_ptr, M, N, sx_t, sw_n, so_t, n_steps,
                   QT: tl.constexpr, STEP_B: tl.constexpr, BLOCK_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, FP32: tl.constexpr):
@@ -539,7 +539,7 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
     tl.store(optr, res.to(out_ptr.dtype.element_ty), mask=(tt[:, None] < T) & nmask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _pq_gemm_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, M, N, KW, sx, sq, sh, sa, sb,
                     so, so_split, kw_len, one, QT: tl.constexpr, E: tl.constexpr,
                     H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,

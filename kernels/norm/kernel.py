@@ -54,7 +54,7 @@ def rms_norm(x, weight, eps, *, residual=None, zero_centred=False):
     return out.view(shape)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def _gated_rms_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr, N, D, stride_x, stride_z, stride_o,
                            eps, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
     pid = tl.program_id(0)

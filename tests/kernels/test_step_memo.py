@@ -28,3 +28,25 @@ def test_reused_for_the_same_tensors_only():
 
 def test_next_pow2():
     assert [next_pow2(n) for n in (0, 1, 2, 3, 16, 17, 1000)] == [1, 1, 2, 4, 16, 32, 1024]
+
+
+def test_prefill_kernels_do_not_specialize_on_token_or_sequence_counts():
+    """Triton compiles one variant per specialization (an int arg == 1, divisible by 16, or
+    neither): a count that changes with the batch would recompile mid-serving (the GDN scan
+    takes ~10-25 s to compile). The prefill kernels exclude those arguments."""
+    from g906.kernels.conv1d import kernel as conv
+    from g906.kernels.gdn import kernel as gdn
+    from g906.kernels.linear import kernel as lin
+    from g906.kernels.norm import kernel as norm
+
+    def excluded(fn):
+        names = getattr(fn, "kwargs", {}).get("do_not_specialize")        # interpreter
+        if names is None:
+            names = [fn.arg_names[i] if isinstance(i, int) else i for i in fn.do_not_specialize]
+        return set(names)
+
+    assert excluded(conv._conv_prefill_kernel) >= {"T"}
+    assert excluded(gdn._gdn_chunk_kernel) >= {"B", "T"}
+    assert excluded(gdn._gdn_scan_kernel) >= {"T"}
+    assert excluded(norm._gated_rms_norm_kernel) >= {"N"}
+    assert excluded(lin._pq_gemm_kernel) >= {"M"} and excluded(lin._qgemm_kernel) >= {"M"}
