@@ -158,7 +158,9 @@ def run_offline(engine, workload: Workload, *, on_progress: Callable[[int, int],
         while pending and engine.num_requests < limit and t0 + pending[0][1][0] <= now:
             i, (offset, ids, m) = pending.pop(0)
             rid = f"bench-{i}"
-            records[rid] = RequestRecord(len(ids), t0 + offset)
+            # the clock starts when the request is sent: with a concurrency limit it may
+            # wait past its planned offset for a free place (as a client would)
+            records[rid] = RequestRecord(len(ids), max(t0 + offset, time.perf_counter()))
             engine.add_request(rid, ids, _params(workload, m))
         if not engine.has_unfinished_requests():
             if pending:
