@@ -604,6 +604,87 @@ def _pq_gemm_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, M, N, KW, sx, 
     tl.store(optr, acc.to(out_ptr.dtype.element_ty), mask=mmask[:, None] & nmask[None, :])
 
 
+@triton.jit
+def _pq_dequant_kernel(qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, KW, sq, sh, sa, sb, so, one,
+                       QT: tl.constexpr, E: tl.constexpr, H: tl.constexpr, BLOCK_N: tl.constexpr):
+    """out[n, :] = the fp16 weights of rows [BLOCK_N] over H vectors: element 4j + w of a vector
+    is field j of its word w, worth A * f + B (the GEMV's A * sum(f x) + B * sum(x), per x)."""
+    EV: tl.constexpr = 4 * E
+    nn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = nn < N
+    nc = tl.where(nmask, nn, 0).to(tl.int64)
+    v = tl.arange(0, H)
+    v3 = v[:, None, None]                             # [H, 1, 1]
+    n3 = nc[None, :, None]                            # [1, BN, 1]
+    w3 = tl.arange(0, 4)[None, None, :]               # [1, 1, 4]
+    kw = tl.program_id(1) * H * 4
+    vm3 = (kw + v3 * 4) < KW
+    words = tl.load(qs_ptr + n3 * sq + (kw + v3 * 4 + w3), mask=vm3, other=0)
+    if QT == 3:
+        hi = tl.load(qh_ptr + n3 * sh + (kw // 4 + (v3 * 4 + w3) // 4), mask=vm3, other=0).to(tl.int32)
+        words, hi = _q5_bytes(words, hi, w3)
+    elif QT == 4:
+        hi = tl.load(qh_ptr + n3 * sh + (kw // 2 + v3 * 2 + w3 // 2), mask=vm3, other=0).to(tl.int32)
+        words, hi = _q6_bytes(words, hi, w3)
+    else:
+        hi = words
+    v2 = tl.where(kw + v[:, None] * 4 < KW, v[:, None], 0)
+    n2 = nc[None, :]
+    A0, B0 = _pq_scales(a_ptr, b_ptr, n2, sa, sb, kw * E, v2, QT, 0)      # [H, BN]
+    A1, B1 = A0, B0
+    if QT == 4:
+        A1, B1 = _pq_scales(a_ptr, b_ptr, n2, sa, sb, kw * E, v2, QT, 1)
+    optr = out_ptr + n3 * so + (kw * E + v3 * EV + w3)
+    m = vm3 & nmask[None, :, None]
+    for j in tl.static_range(E):
+        f = _pq_field(words, hi, j, QT, one)
+        if j < 4:
+            w = A0[:, :, None] * f + B0[:, :, None]
+        else:
+            w = A1[:, :, None] * f + B1[:, :, None]
+        tl.store(optr + 4 * j, w.to(out_ptr.dtype.element_ty), mask=m)
+
+
+def packed_to_dense(pw, dtype=torch.float16, rows: tuple[int, int] | None = None):
+    """The dense [rows, K] weights of a PackedQuant (all rows, or rows r0:r1)."""
+    r0, r1 = rows if rows is not None else (0, pw.shape[0])
+    K = pw.shape[1]
+    qt = pw.qtype
+    QT, E = PQ_QTYPES[qt], PQ_E[qt]
+    qs, qh, a, b = _pq_args(pw)
+    out = torch.empty((r1 - r0, K), dtype=dtype, device=qs.device)
+    if r1 <= r0:
+        return out
+    # row r0 of every plane: plane views start there (planes are [N, ...] row-major)
+    qs, qh, a, b = (t[r0:] for t in (qs, qh, a, b))
+    H, BN = 32, 4
+    KW = K // E
+    _pq_dequant_kernel[(triton.cdiv(r1 - r0, BN), triton.cdiv(KW, 4 * H))](
+        qs, qh, a, b, out, r1 - r0, KW, qs.stride(0), qh.stride(0), a.stride(0), b.stride(0),
+        out.stride(0), 0x3F800000, QT=QT, E=E, H=H, BLOCK_N=BN, num_warps=4)
+    return out
+
+
+DEQUANT_CHUNK = 1 << 24          # weights dequantized at a time for a prefill matmul (32 MB fp16)
+
+
+def _pq_dequant_matmul(x, pw, out):
+    """Prefill: the weights dequantized to fp16 a row block at a time, then the vendor GEMM
+    (cuBLAS / rocBLAS): far faster than a tiled dequant-GEMM in Triton, and the fp16 copy is
+    transient (at most DEQUANT_CHUNK weights)."""
+    N, K = pw.shape
+    step = max(256, (DEQUANT_CHUNK // K) // 256 * 256)
+    xw = x if x.dtype == torch.float16 else x.to(torch.float16)
+    for r0 in range(0, N, step):
+        r1 = min(N, r0 + step)
+        w = packed_to_dense(pw, torch.float16, (r0, r1))
+        if r0 == 0 and r1 == N and out.dtype == torch.float16:
+            torch.mm(xw, w.t(), out=out)
+        else:
+            out[:, r0:r1] = torch.mm(xw, w.t())
+    return out
+
+
 def _pq_args(pw):
     """Kernel pointers and row strides (in each plane's elements) for a PackedQuant."""
     P = pw.planes
@@ -703,6 +784,8 @@ def packed_matmul(x, pw, **cfg):
         if split > 1:
             torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
         return out
+    if T > 16 and x.device.type == "cuda" and x.dtype != torch.float32 and not cfg:
+        return _pq_dequant_matmul(x, pw, out)
     return _pq_gemm(x, pw, out, **cfg)
 
 

@@ -162,3 +162,26 @@ def test_packed_linear_real_shapes(qtype, T):
         assert isinstance(p, repack.PackedQuant)
         x = randn(T, K, dtype=torch.float16, gen=g)
         assert_close(registry.call_triton("linear", x, p), registry.call_reference("linear", x, w))
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_packed_to_dense_and_the_prefill_path(qtype, monkeypatch):
+    """Prefill on a GPU dequantizes packed weights to fp16 a row block at a time and runs the
+    vendor GEMM: the dense rows equal the packed planes' exact decode (to rounding), for
+    all rows and for a row range, and the chunked matmul equals the reference."""
+    from g906.kernels.linear import kernel
+
+    N, K = 37, 1280                      # an odd row count; 5 super-blocks (masked last vector)
+    w = qweight(N, K, qtype, 8)
+    p = repack.pack(w.data, qtype, w.shape)
+    exact = repack.dequantize_packed(p)
+    # A * f + B in fp32 (K-quants: the min folded into B) rounds at the scale of A, not of the
+    # weight: errors of ~1e-7 of the row's largest weight, far below fp16's resolution
+    tol = 1e-6 * float(exact.abs().max())
+    torch.testing.assert_close(kernel.packed_to_dense(p).float(), exact.half().float(), rtol=1e-3, atol=tol)
+    torch.testing.assert_close(kernel.packed_to_dense(p, torch.float32, (5, 30)), exact[5:30], rtol=1e-5, atol=tol)
+    monkeypatch.setattr(kernel, "DEQUANT_CHUNK", 256 * K)         # several row blocks
+    x = randn(24, K, dtype=torch.float16, gen=torch.Generator().manual_seed(3))
+    out = torch.empty((24, N), dtype=torch.float16)
+    got = kernel._pq_dequant_matmul(x, p, out)
+    assert_close(got, registry.call_reference("linear", x, w))
