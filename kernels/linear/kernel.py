@@ -606,9 +606,12 @@ def _pq_gemm_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, M, N, KW, sx, 
 
 @triton.jit
 def _pq_dequant_kernel(qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, KW, sq, sh, sa, sb, so, one,
-                       QT: tl.constexpr, E: tl.constexpr, H: tl.constexpr, BLOCK_N: tl.constexpr):
-    """out[n, :] = the fp16 weights of rows [BLOCK_N] over H vectors: element 4j + w of a vector
-    is field j of its word w, worth A * f + B (the GEMV's A * sum(f x) + B * sum(x), per x)."""
+                       QT: tl.constexpr, E: tl.constexpr, H: tl.constexpr, BLOCK_N: tl.constexpr,
+                       FIELD_MAJOR: tl.constexpr):
+    """The dense weights of rows [BLOCK_N] over H vectors: element 4j + w of a vector is field j
+    of its word w, worth A * f + B (the GEMV's A * sum(f x) + B * sum(x), per x).
+    FIELD_MAJOR: column j * KW + (word index) instead of the natural one, so that each field's
+    store is contiguous across threads (the matmul then reads x in that column order)."""
     EV: tl.constexpr = 4 * E
     nn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = nn < N
@@ -634,7 +637,12 @@ def _pq_dequant_kernel(qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, KW, sq, sh, sa,
     A1, B1 = A0, B0
     if QT == 4:
         A1, B1 = _pq_scales(a_ptr, b_ptr, n2, sa, sb, kw * E, v2, QT, 1)
-    optr = out_ptr + n3 * so + (kw * E + v3 * EV + w3)
+    if FIELD_MAJOR:
+        optr = out_ptr + n3 * so + (kw + v3 * 4 + w3)
+        jstep = KW
+    else:
+        optr = out_ptr + n3 * so + (kw * E + v3 * EV + w3)
+        jstep = 4
     m = vm3 & nmask[None, :, None]
     for j in tl.static_range(E):
         f = _pq_field(words, hi, j, QT, one)
@@ -642,11 +650,13 @@ def _pq_dequant_kernel(qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, KW, sq, sh, sa,
             w = A0[:, :, None] * f + B0[:, :, None]
         else:
             w = A1[:, :, None] * f + B1[:, :, None]
-        tl.store(optr + 4 * j, w.to(out_ptr.dtype.element_ty), mask=m)
+        tl.store(optr + j * jstep, w.to(out_ptr.dtype.element_ty), mask=m)
 
 
-def packed_to_dense(pw, dtype=torch.float16, rows: tuple[int, int] | None = None):
-    """The dense [rows, K] weights of a PackedQuant (all rows, or rows r0:r1)."""
+def packed_to_dense(pw, dtype=torch.float16, rows: tuple[int, int] | None = None, *,
+                    field_major: bool = False):
+    """The dense [rows, K] weights of a PackedQuant (all rows, or rows r0:r1); field_major:
+    columns in field_major_order (the layout the prefill matmul uses)."""
     r0, r1 = rows if rows is not None else (0, pw.shape[0])
     K = pw.shape[1]
     qt = pw.qtype
@@ -661,27 +671,48 @@ def packed_to_dense(pw, dtype=torch.float16, rows: tuple[int, int] | None = None
     KW = K // E
     _pq_dequant_kernel[(triton.cdiv(r1 - r0, BN), triton.cdiv(KW, 4 * H))](
         qs, qh, a, b, out, r1 - r0, KW, qs.stride(0), qh.stride(0), a.stride(0), b.stride(0),
-        out.stride(0), 0x3F800000, QT=QT, E=E, H=H, BLOCK_N=BN, num_warps=4)
+        out.stride(0), 0x3F800000, QT=QT, E=E, H=H, BLOCK_N=BN, FIELD_MAJOR=field_major,
+        num_warps=4)
     return out
 
 
-DEQUANT_CHUNK = 1 << 24          # weights dequantized at a time for a prefill matmul (32 MB fp16)
+@functools.lru_cache(maxsize=64)
+def field_major_order(K: int, E: int, device) -> torch.Tensor:
+    """Column c = j * KW + u of the field-major layout holds element (u // 4) * 4E + 4j + u % 4
+    (word u, field j) of the natural one: x[:, order] meets packed_to_dense(field_major=True)."""
+    KW = K // E
+    u = torch.arange(KW)
+    j = torch.arange(E)
+    nat = (u // 4 * 4 * E + u % 4)[None, :] + 4 * j[:, None]
+    return nat.reshape(-1).to(device)
+
+
+DEQUANT_CHUNK = 1 << 25          # weights dequantized at a time for a prefill matmul (64 MB fp16)
+DEQUANT_ROWS = 256               # row blocks are multiples of this
 
 
 def _pq_dequant_matmul(x, pw, out):
-    """Prefill: the weights dequantized to fp16 a row block at a time, then the vendor GEMM
-    (cuBLAS / rocBLAS): far faster than a tiled dequant-GEMM in Triton, and the fp16 copy is
-    transient (at most DEQUANT_CHUNK weights)."""
+    """Prefill: the weights dequantized to fp16 a row block at a time (field-major columns, so
+    the dequant's stores coalesce; x is gathered into the same order once), then the vendor
+    GEMM (cuBLAS / rocBLAS), written transposed so that each row block lands contiguously:
+    far faster than a tiled dequant-GEMM in Triton, and the fp16 copy is transient."""
     N, K = pw.shape
-    step = max(256, (DEQUANT_CHUNK // K) // 256 * 256)
-    xw = x if x.dtype == torch.float16 else x.to(torch.float16)
-    for r0 in range(0, N, step):
-        r1 = min(N, r0 + step)
-        w = packed_to_dense(pw, torch.float16, (r0, r1))
-        if r0 == 0 and r1 == N and out.dtype == torch.float16:
+    T = x.shape[0]
+    step = max(DEQUANT_ROWS, (DEQUANT_CHUNK // K) // DEQUANT_ROWS * DEQUANT_ROWS)
+    xw = x.index_select(1, field_major_order(K, PQ_E[pw.qtype], x.device)).to(torch.float16)
+    if N <= step:
+        w = packed_to_dense(pw, field_major=True)
+        if out.dtype == torch.float16:
             torch.mm(xw, w.t(), out=out)
         else:
-            out[:, r0:r1] = torch.mm(xw, w.t())
+            out.copy_(torch.mm(xw, w.t()))
+        return out
+    out_t = torch.empty((N, T), dtype=torch.float16, device=x.device)
+    for r0 in range(0, N, step):
+        r1 = min(N, r0 + step)
+        w = packed_to_dense(pw, torch.float16, (r0, r1), field_major=True)
+        torch.mm(w, xw.t(), out=out_t[r0:r1])
+    out.copy_(out_t.t())
     return out
 
 

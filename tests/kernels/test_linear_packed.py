@@ -180,8 +180,14 @@ def test_packed_to_dense_and_the_prefill_path(qtype, monkeypatch):
     tol = 1e-6 * float(exact.abs().max())
     torch.testing.assert_close(kernel.packed_to_dense(p).float(), exact.half().float(), rtol=1e-3, atol=tol)
     torch.testing.assert_close(kernel.packed_to_dense(p, torch.float32, (5, 30)), exact[5:30], rtol=1e-5, atol=tol)
-    monkeypatch.setattr(kernel, "DEQUANT_CHUNK", 256 * K)         # several row blocks
+    order = kernel.field_major_order(K, kernel.PQ_E[qtype], torch.device("cpu"))
+    assert sorted(order.tolist()) == list(range(K))
+    torch.testing.assert_close(kernel.packed_to_dense(p, torch.float32, field_major=True),
+                               exact[:, order], rtol=1e-5, atol=tol)
     x = randn(24, K, dtype=torch.float16, gen=torch.Generator().manual_seed(3))
-    out = torch.empty((24, N), dtype=torch.float16)
-    got = kernel._pq_dequant_matmul(x, p, out)
-    assert_close(got, registry.call_reference("linear", x, w))
+    ref = registry.call_reference("linear", x, w)
+    monkeypatch.setattr(kernel, "DEQUANT_ROWS", 8)
+    for chunk in (1 << 25, 8 * K):                                # one block; 5 blocks of 8 rows
+        monkeypatch.setattr(kernel, "DEQUANT_CHUNK", chunk)
+        out = torch.empty((24, N), dtype=torch.float16)
+        assert_close(kernel._pq_dequant_matmul(x, p, out), ref)
