@@ -687,7 +687,8 @@ def field_major_order(K: int, E: int, device) -> torch.Tensor:
     return nat.reshape(-1).to(device)
 
 
-DEQUANT_CHUNK = 1 << 25          # weights dequantized at a time for a prefill matmul (64 MB fp16)
+DEQUANT_CHUNK = 1 << 27          # weights dequantized at a time for a prefill matmul (256 MB fp16):
+                                 # every 9B/27B matrix but the LM head (never a prefill GEMM) in one block
 DEQUANT_ROWS = 256               # row blocks are multiples of this
 
 
