@@ -541,7 +541,6 @@ async def completions(request: Request) -> Response:
     for text, ids in prompts:
         params = _sampling(req, max_tokens=req.max_tokens, prompt_len=len(ids), st=st, logprobs=req.logprobs)
         plist.append(params)
-    eng = st.engine
     for (text, ids), params in zip(prompts, plist):
         _admit(st, ids, params)      # prompt checks (and a queue check) before anything starts
     # check the whole batch fits in the queue before starting any of it

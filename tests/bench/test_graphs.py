@@ -7,11 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from g906.engine.cache import ModelCache
-from g906.engine.cuda_graphs import DecodeGraphs, bucket, graph_batch_sizes, padded_cache_sizes
+from g906.engine.cuda_graphs import (
+    DecodeGraphs,
+    bucket,
+    graph_batch_sizes,
+    padded_cache_sizes,
+)
 from g906.engine.llm_engine import EngineConfig, LLMEngine
 from g906.engine.loader import load_model
 from g906.engine.sampling_params import SamplingParams
+from tests.engine.padded_decode import padded_decode
 
 
 def test_batch_sizes_and_buckets():
@@ -29,14 +34,8 @@ def _setup(device="cpu", dtype="float32", max_num_seqs=4, use_graphs=False, sour
     lm = load_model(source, dtype=dtype, device=device, progress=False)
     eng = LLMEngine(lm, EngineConfig(max_num_seqs=max_num_seqs, num_kv_blocks=24, max_model_len=256,
                                      max_num_batched_tokens=64))
+    graphs, cache, sb, ss = padded_decode(eng, lm, max_num_seqs=max_num_seqs, use_graphs=use_graphs)
     r = eng.runner
-    nb, ns, sb, ss = padded_cache_sizes(r.sizing.num_blocks, max_num_seqs)
-    cache = ModelCache.allocate(lm.config, num_blocks=nb, block_size=r.block_size, num_state_slots=ns,
-                                dtype=r.dtype, device=r.device)
-    r.cache = cache
-    lm.model.bind_cache(cache)
-    graphs = DecodeGraphs(lm.model, cache, block_size=r.block_size, max_num_seqs=max_num_seqs,
-                          max_model_len=256, scratch_block=sb, scratch_slot=ss, use_graphs=use_graphs)
     r.graphs = None          # the runner's own decode path (tests opt in to `graphs` explicitly)
     return eng, graphs, cache, sb, ss
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from g906.engine.cache import ModelCache
-from g906.engine.cuda_graphs import DecodeGraphs, padded_cache_sizes
 from g906.engine.llm_engine import EngineConfig, LLMEngine
 from g906.engine.loader import load_model
 from g906.engine.sampling_params import SamplingParams
+
+from .padded_decode import padded_decode
 
 
 @pytest.fixture(scope="module")
@@ -24,14 +24,7 @@ def _engine(lm, pipelined: bool, *, max_num_seqs=4, num_kv_blocks=24):
     eng = LLMEngine(lm, EngineConfig(max_num_seqs=max_num_seqs, num_kv_blocks=num_kv_blocks, max_model_len=256,
                                      max_num_batched_tokens=64))
     if pipelined:
-        r = eng.runner
-        nb, ns, sb, ss = padded_cache_sizes(r.sizing.num_blocks, max_num_seqs)
-        cache = ModelCache.allocate(lm.config, num_blocks=nb, block_size=r.block_size, num_state_slots=ns,
-                                    dtype=r.dtype, device=r.device)
-        r.cache = cache
-        lm.model.bind_cache(cache)
-        r.graphs = DecodeGraphs(lm.model, cache, block_size=r.block_size, max_num_seqs=max_num_seqs,
-                                max_model_len=256, scratch_block=sb, scratch_slot=ss, use_graphs=False)
+        eng.runner.graphs = padded_decode(eng, lm, max_num_seqs=max_num_seqs)[0]
     else:
         lm.model.bind_cache(eng.runner.cache)
     return eng
