@@ -106,6 +106,21 @@ def _rows(ptr, t, stride_t, off, cols, rmask, cmask):
 
 
 @triton.jit
+def _add_column_block(acc, base, rhs, r, C, ms, L: tl.constexpr, NB: tl.constexpr,
+                      PREC: tl.constexpr):
+    """acc[j] += M[j, L] @ rhs for the row blocks j >= L of the lower-triangular C x C matrix M
+    whose rows start at `base` (16 x 16 blocks, masked rows ms[j])."""
+    out = ()
+    for j in tl.static_range(NB):
+        if j >= L:
+            m = _rows(base, j * 16 + r, C, L * 16, r, ms[j], r < 16)
+            out += (acc[j] + tl.dot(m, rhs, input_precision=PREC),)
+        else:
+            out += (acc[j],)
+    return out
+
+
+@triton.jit
 def _block(X, i, j, NB: tl.constexpr):
     """16 x 16 block (i, j) of a [16 NB, 16 NB] register tile (masked sums: tiles can't be sliced)."""
     nb = tl.arange(0, NB)
@@ -287,22 +302,8 @@ def _gdn_scan_kernel(q_ptr, k_ptr, v_ptr, t_ptr, p_ptr, f_ptr, cu_ptr, st_ptr, s
         # then final), S += Kd_l^T V'_l
         for l in tl.static_range(NB):
             rl = l * 16 + r
-            nv = ()
-            for j in tl.static_range(NB):
-                if j >= l:
-                    Tt = _rows(tc, j * 16 + r, C, l * 16, r, ms[j], r < 16)
-                    nv += (Vn[j] + tl.dot(Tt, X[l], input_precision=PREC),)
-                else:
-                    nv += (Vn[j],)
-            Vn = nv
-            no = ()
-            for j in tl.static_range(NB):
-                if j >= l:
-                    Pt = _rows(pc, j * 16 + r, C, l * 16, r, ms[j], r < 16)
-                    no += (O[j] + tl.dot(Pt, Vn[l], input_precision=PREC),)
-                else:
-                    no += (O[j],)
-            O = no
+            Vn = _add_column_block(Vn, tc, X[l], r, C, ms, l, NB, PREC)
+            O = _add_column_block(O, pc, Vn[l], r, C, ms, l, NB, PREC)
             tl.store(o_ptr + (t0 + rl)[:, None] * so_t + h * so_h + vv[None, :],
                      O[l].to(o_ptr.dtype.element_ty), mask=ms[l][:, None] & vm[None, :])
             fk = tl.load(fc + Hv * T + rl, mask=ms[l], other=0.0)
