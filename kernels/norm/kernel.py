@@ -55,8 +55,10 @@ def rms_norm(x, weight, eps, *, residual=None, zero_centred=False):
 
 
 @triton.jit(do_not_specialize=["N"])
-def _gated_rms_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr, N, D, stride_x, stride_z, stride_o,
-                           eps, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+def _gated_rms_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr, N, D, stride_x, stride_z, stride_zh, ZH,
+                           stride_o, eps, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Row r of z sits at (r // ZH) * stride_z + (r % ZH) * stride_zh: a [T, ZH, D] view of
+    a wider projection output (the GDN's z) is read in place, without a copy."""
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
@@ -65,7 +67,8 @@ def _gated_rms_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr, N, D, stride_x, stride_
     m = rmask[:, None] & cmask[None, :]
     r64 = rows.to(tl.int64)[:, None]
     x = tl.load(x_ptr + r64 * stride_x + cols[None, :], mask=m, other=0.0).to(tl.float32)
-    z = tl.load(z_ptr + r64 * stride_z + cols[None, :], mask=m, other=0.0).to(tl.float32)
+    zrow = (r64 // ZH) * stride_z + (r64 % ZH) * stride_zh
+    z = tl.load(z_ptr + zrow + cols[None, :], mask=m, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     var = tl.sum(x * x, axis=1) / D
     rstd = 1.0 / tl.sqrt(var + eps)
@@ -78,11 +81,15 @@ def gated_rms_norm(x, z, weight, eps):
     shape = x.shape
     D = shape[-1]
     x2 = x.reshape(-1, D)
-    z2 = z.reshape(-1, D)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    if z2.stride(-1) != 1:
-        z2 = z2.contiguous()
+    if z.dim() == 3 and z.stride(-1) == 1:       # [T, H, D] rows with two strides: no copy
+        z2, zh, sz, szh = z, z.shape[1], z.stride(0), z.stride(1)
+    else:
+        z2 = z.reshape(-1, D)
+        if z2.stride(-1) != 1:
+            z2 = z2.contiguous()
+        zh, sz, szh = 1, z2.stride(0), 0
     N = x2.shape[0]
     out = empty((N, D), x.dtype, x.device)
     if N == 0:
@@ -90,6 +97,6 @@ def gated_rms_norm(x, z, weight, eps):
     BLOCK_D = next_pow2(D)
     BLOCK_N = max(1, min(16, 2048 // BLOCK_D))
     _gated_rms_norm_kernel[(triton.cdiv(N, BLOCK_N),)](
-        x2, z2, weight, out, N, D, x2.stride(0), z2.stride(0), out.stride(0), float(eps),
+        x2, z2, weight, out, N, D, x2.stride(0), sz, szh, zh, out.stride(0), float(eps),
         BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, num_warps=4)
     return out.view(shape)

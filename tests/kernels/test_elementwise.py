@@ -33,6 +33,19 @@ def test_rms_norm(dtype, zero_centred, with_residual):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_of_a_strided_head_view(dtype):
+    """The attention's q: the first half of each head of a [T, H, 2D] projection, normed in
+    place (rows of the [T*H, D] view are 2D apart)."""
+    g = torch.Generator().manual_seed(4)
+    qg = randn(6, 4, 2 * 32, dtype=dtype, gen=g)
+    q = qg[..., :32]
+    w = randn(32, dtype=dtype, gen=g, scale=0.3)
+    got = registry.call_triton("rms_norm", q, w, 1e-6, zero_centred=True)
+    assert got.shape == q.shape
+    assert_close(got, registry.call_reference("rms_norm", q.contiguous(), w, 1e-6, zero_centred=True))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_gated_rms_norm(dtype):
     g = torch.Generator().manual_seed(2)
     x = randn(7, 24, dtype=dtype, gen=g)
@@ -40,6 +53,21 @@ def test_gated_rms_norm(dtype):
     w = randn(24, dtype=dtype, gen=g)
     assert_close(registry.call_triton("gated_rms_norm", x, z, w, 1e-6),
                  registry.call_reference("gated_rms_norm", x, z, w, 1e-6))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gated_rms_norm_reads_a_strided_gate_in_place(dtype):
+    """The GDN's z: a [T, H, D] view of a wider projection output (row stride > H * D)."""
+    g = torch.Generator().manual_seed(3)
+    T, H, D = 5, 3, 24
+    proj = randn(T, 4 * H * D + 7, dtype=dtype, gen=g)
+    z = proj[:, 2 * H * D: 3 * H * D].view(T, H, D)
+    assert not z.is_contiguous()
+    x = randn(T, H, D, dtype=dtype, gen=g)
+    w = randn(D, dtype=dtype, gen=g)
+    got = registry.call_triton("gated_rms_norm", x, z, w, 1e-6)
+    assert got.shape == (T, H, D)
+    assert_close(got, registry.call_reference("gated_rms_norm", x, z.contiguous(), w, 1e-6))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

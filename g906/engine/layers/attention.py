@@ -38,7 +38,7 @@ class Attention(nn.Module):
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
         qg, k, v = self.qkv(x)
         qg = qg.view(t, h, 2 * d)
-        q = self.q_norm(qg[..., :d].contiguous())
+        q = self.q_norm(qg[..., :d])          # a strided view: the norm reads it in place
         gate = qg[..., d:]
         k = self.k_norm(k.reshape(t, hk, d))
         v = v.reshape(t, hk, d)
