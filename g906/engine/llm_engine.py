@@ -299,9 +299,10 @@ class LLMEngine:
         return _Launched(batch, pending, slots)
 
     def _lookahead(self, cur: "_Launched") -> "_Launched | None":
-        """Queue the next decode step before `cur`'s tokens are read, when nothing waits for
-        admission and every running sequence ran in `cur` (so the next step is their decode)."""
-        if self.scheduler.waiting or not self._pipelinable(cur.batch):
+        """Queue the next decode step before `cur`'s tokens are read, when no waiting request
+        can be admitted now and every running sequence ran in `cur` (so the next step is their
+        decode). A request that finishes in `cur` frees its place one step later."""
+        if self.scheduler.can_admit() or not self._pipelinable(cur.batch):
             return None
         row = {s.seq_id: i for i, s in enumerate(cur.batch.seqs)}
         if any(s.seq_id not in row or not s.is_decode for s in self.scheduler.running):

@@ -101,6 +101,15 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
+    def can_admit(self) -> bool:
+        """Whether the next schedule() would admit the first waiting sequence (the same test as
+        admission, without its effects)."""
+        if not self.waiting or len(self.running) >= self.config.max_num_seqs:
+            return False
+        seq = self.waiting[0]
+        return (self._chunk(seq) <= self.config.max_num_batched_tokens
+                and self.cache.slots.num_free > 0 and self.cache.blocks.can_cover(seq, seq.num_tokens))
+
     # -- one step ----------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
         batch = self._schedule_prefill()

@@ -143,3 +143,20 @@ def test_an_idle_engine_drops_a_finished_lookahead(tiny):
                 toks += o.new_token_ids
         runs.append(toks)
     assert runs[0] == runs[1] and len(runs[0]) == 50
+
+
+def test_a_queue_of_waiting_requests_keeps_the_pipeline_running(tiny):
+    """More requests than max_num_seqs: the waiting ones cannot be admitted while both places
+    are taken, so decode stays pipelined; each finished request's place is taken one step later
+    than in the plain engine, which changes no request's output."""
+    vocab = tiny.config.vocab_size
+
+    def script(k, eng):
+        if k == 0:
+            for i in range(5):
+                eng.add_request(f"r{i}", _prompt(i, 7 + 3 * i, vocab),
+                                SamplingParams(temperature=0, max_tokens=12 + 5 * i, ignore_eos=True))
+
+    want, got, eng = _both(tiny, script, max_num_seqs=2)
+    assert got == want and all(len(got[f"r{i}"]) == 12 + 5 * i for i in range(5))
+    assert eng.num_lookahead_steps > 30

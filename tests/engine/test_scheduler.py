@@ -160,3 +160,25 @@ def test_abort_during_decode():
     assert batch.seqs == [b]
     sch.abort(b)
     assert cm.blocks.num_used_blocks == 0 and cm.slots.num_used == 0 and not sch.has_unfinished()
+
+
+def test_can_admit_matches_what_schedule_then_does():
+    """can_admit() is admission's test without its effects: a place, a state slot, blocks."""
+    sch, cm = make(max_num_seqs=2, blocks=6, bs=4)
+    assert not sch.can_admit()                          # nothing waits
+    sch.add(seq("a", 8))
+    sch.add(seq("b", 8))
+    sch.add(seq("c", 8))
+    assert sch.can_admit()
+    run_step(sch)                                       # admits a and b (2 places)
+    assert sch.num_running == 2 and not sch.can_admit()
+    sch.finish(sch.running[0], "stop")
+    assert sch.can_admit()                              # a place, a slot and blocks again
+    before = (sch.num_running, sch.num_waiting)
+    sch.can_admit()
+    assert (sch.num_running, sch.num_waiting) == before  # no effect
+    batch = sch.schedule()
+    assert batch.is_prefill and [s.request_id for s in batch.seqs] == ["c"]
+    big = make(max_num_seqs=4, blocks=3, bs=4)[0]
+    big.add(seq("long", 20))                            # needs 5 blocks of 4: never fits
+    assert not big.can_admit() and big.schedule() is None
