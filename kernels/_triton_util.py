@@ -66,12 +66,17 @@ def step_memo(tag: str, tensors: tuple, extra, make):
     several launches). Held by weak references: a new step's tensors are new objects."""
     hit = _STEP_MEMO.get(tag)
     if (hit is not None and hit[2] == extra and len(hit[0]) == len(tensors)
-            and all(r() is t and v == t._version for r, v, t in zip(hit[0], hit[1], tensors))):
+            and all(r() is t and v == _version(t) for r, v, t in zip(hit[0], hit[1], tensors))):
         return hit[3]
     value = make()
-    _STEP_MEMO[tag] = (tuple(weakref.ref(t) for t in tensors), tuple(t._version for t in tensors),
+    _STEP_MEMO[tag] = (tuple(weakref.ref(t) for t in tensors), tuple(_version(t) for t in tensors),
                        extra, value)
     return value
+
+
+def _version(t: torch.Tensor):
+    """The in-place version counter; inference-mode tensors keep none (identity alone decides)."""
+    return None if t.is_inference() else t._version
 
 
 def _fix_interpreter_scalar_index() -> None:

@@ -26,6 +26,16 @@ def test_reused_for_the_same_tensors_only():
     assert len(calls) == 4
 
 
+def test_inference_mode_tensors():
+    """Tensors made under torch.inference_mode() have no version counter: identity decides."""
+    with torch.inference_mode():
+        cu = torch.tensor([0, 4])
+        a = step_memo("inf", (cu,), None, lambda: cu + 1)
+        assert step_memo("inf", (cu,), None, lambda: cu + 2) is a
+        other = torch.tensor([0, 4])
+        assert step_memo("inf", (other,), None, lambda: other + 2).tolist() == [2, 6]
+
+
 def test_next_pow2():
     assert [next_pow2(n) for n in (0, 1, 2, 3, 16, 17, 1000)] == [1, 1, 2, 4, 16, 32, 1024]
 
