@@ -76,8 +76,13 @@ def environment(device: torch.device) -> dict:
         env["hip"] = torch.version.hip
         env["cuda"] = torch.version.cuda
     try:
-        env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                       text=True, timeout=10).stdout.strip() or None
+        def git(*a):
+            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+
+        env["commit"] = git("rev-parse", "--short", "HEAD") or None
+        # a tree that differs from that commit (a copy sent to a GPU machine) is not that commit
+        if env["commit"] and git("status", "--porcelain", "--untracked-files=no"):
+            env["commit"] += "+changes"
     except Exception:
         env["commit"] = None
     env["commit"] = os.environ.get("G906_COMMIT", env["commit"])
