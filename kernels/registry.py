@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import itertools
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -126,17 +127,19 @@ def dtype_ok(t: torch.Tensor) -> bool:
 
 
 def _first_tensor(args, kwargs) -> torch.Tensor | None:
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            return a
-        if hasattr(a, "data") and isinstance(getattr(a, "data"), torch.Tensor):
-            return a.data
-    for a in kwargs.values():
+    for a in itertools.chain(args, kwargs.values()):
         if isinstance(a, torch.Tensor):
             return a
         if hasattr(a, "data") and isinstance(getattr(a, "data"), torch.Tensor):
             return a.data
     return None
+
+
+def _auto_picks_triton(op: Op, args, kwargs) -> bool:
+    """G906_KERNELS=auto: the Triton kernel for GPU tensors it supports, else the reference."""
+    t = _first_tensor(args, kwargs)
+    return (t is not None and t.device.type == "cuda" and op.triton is not None and triton_available()
+            and (op.supports is None or op.supports(*args, **kwargs)))
 
 
 def choose(name: str, *args, **kwargs) -> str:
@@ -165,12 +168,7 @@ def choose(name: str, *args, **kwargs) -> str:
             raise G906Error(f"the Triton kernel {name!r} does not support this call "
                             "(dtype or shape out of its range)", hint="use G906_KERNELS=auto")
         return "triton"
-    # auto
-    if not on_gpu or op.triton is None or not triton_available():
-        return "reference"
-    if op.supports is not None and not op.supports(*args, **kwargs):
-        return "reference"
-    return "triton"
+    return "triton" if _auto_picks_triton(op, args, kwargs) else "reference"
 
 
 def dispatch(name: str, *args, **kwargs):
@@ -178,18 +176,13 @@ def dispatch(name: str, *args, **kwargs):
     if op is None:
         _load_ops()
         op = _OPS[name]
-    # the per-call cost matters (hundreds of calls per eager step): the common auto-mode GPU
-    # case is decided inline, everything else through choose()
+    # the per-call cost matters (hundreds of calls per eager step): auto mode is decided here
+    # without choose()'s second registry lookup and mode read
     if mode() == "auto":
-        t = _first_tensor(args, kwargs)
-        if (t is not None and t.device.type == "cuda" and op.triton is not None and triton_available()
-                and (op.supports is None or op.supports(*args, **kwargs))):
-            fn = op._triton_fn or op.triton_fn()
-            return fn(*args, **kwargs)
-        return op.reference(*args, **kwargs)
-    if choose(name, *args, **kwargs) == "triton":
-        return op.triton_fn()(*args, **kwargs)
-    return op.reference(*args, **kwargs)
+        use_triton = _auto_picks_triton(op, args, kwargs)
+    else:
+        use_triton = choose(name, *args, **kwargs) == "triton"
+    return op.triton_fn()(*args, **kwargs) if use_triton else op.reference(*args, **kwargs)
 
 
 def call_reference(name: str, *args, **kwargs):

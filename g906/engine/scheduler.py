@@ -101,14 +101,15 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def can_admit(self) -> bool:
-        """Whether the next schedule() would admit the first waiting sequence (the same test as
-        admission, without its effects)."""
-        if not self.waiting or len(self.running) >= self.config.max_num_seqs:
-            return False
-        seq = self.waiting[0]
-        return (self._chunk(seq) <= self.config.max_num_batched_tokens
+    def _admissible(self, seq: Sequence, budget: int) -> bool:
+        """Admission's test: a place, a first chunk within the token budget, a state slot, and
+        KV blocks for every token the sequence has."""
+        return (len(self.running) < self.config.max_num_seqs and self._chunk(seq) <= budget
                 and self.cache.slots.num_free > 0 and self.cache.blocks.can_cover(seq, seq.num_tokens))
+
+    def can_admit(self) -> bool:
+        """Whether the next schedule() would admit the first waiting sequence (without its effects)."""
+        return bool(self.waiting) and self._admissible(self.waiting[0], self.config.max_num_batched_tokens)
 
     # -- one step ----------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
@@ -133,15 +134,11 @@ class Scheduler:
             seqs.append(seq)
             chunks.append(n)
             budget -= n
-        blocks, slots = self.cache.blocks, self.cache.slots
-        while self.waiting and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
+        while self.waiting and self._admissible(self.waiting[0], budget):
+            seq = self.waiting.popleft()
             n = self._chunk(seq)
-            if n > budget or slots.num_free == 0 or not blocks.can_cover(seq, seq.num_tokens):
-                break
-            self.waiting.popleft()
-            blocks.cover(seq, seq.num_tokens)
-            slots.acquire(seq)
+            self.cache.blocks.cover(seq, seq.num_tokens)
+            self.cache.slots.acquire(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             seqs.append(seq)
