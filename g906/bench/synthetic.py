@@ -360,9 +360,8 @@ def weight_stats(model) -> dict[str, int]:
             if t is not None:
                 total += add(t)
         for name, v in mod.__dict__.items():
-            if isinstance(v, torch.Tensor) and name.endswith("weight"):   # fused weights kept as
-                total += add(v)                                           # attributes (gate_up_weight)
-            elif _is_weight(v):
+            # quantized weights, and fused ones kept as plain attributes (gate_up_weight)
+            if _is_weight(v) or (isinstance(v, torch.Tensor) and name.endswith("weight")):
                 total += add(v)
             elif hasattr(v, "linears") and hasattr(v, "weight") and v.weight is not None:   # FusedProjections
                 total += add(v.weight)

@@ -291,12 +291,12 @@ class LLMEngine:
     def _launch(self, batch, feed=None) -> "_Launched":
         """Queue a decode step; each of its sequences holds a _PENDING token for the sampled one."""
         pending = self.runner.launch(batch, feed)
-        slots = {}
+        token_at = {}
         for seq in batch.seqs:
             seq.num_cached_tokens += 1
-            slots[seq.seq_id] = seq.num_tokens
+            token_at[seq.seq_id] = seq.num_tokens
             seq.append_token(_PENDING)
-        return _Launched(batch, pending, slots)
+        return _Launched(batch, pending, token_at)
 
     def _lookahead(self, cur: "_Launched") -> "_Launched | None":
         """Queue the next decode step before `cur`'s tokens are read, when no waiting request

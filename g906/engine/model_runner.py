@@ -246,7 +246,7 @@ class ModelRunner:
         sampled in its row rows[i], read on the device (the host does not know it yet)."""
         if not batch.seqs:
             return PendingStep([], None)
-        if not batch.is_prefill and self.graphs is not None and self.graphs.can_run(batch.seqs):
+        if self.can_feed(batch):
             # decode: padded static inputs, graph replay (g906/engine/cuda_graphs.py)
             ids = None
             if feed is not None:

@@ -137,7 +137,7 @@ class Sampler:
         if logits.shape[0] != len(rows):
             raise ValueError(f"{logits.shape[0]} rows of logits for {len(rows)} requests")
         if not rows:
-            return PendingSample(None, [], None, 0)
+            return PendingSample(None, [], None)
         logits = logits.float()
         params = [r.params for r in rows]
         want_lp = [p.logprobs is not None for p in params]
@@ -167,7 +167,7 @@ class Sampler:
             ranks = (raw_lp > chosen[:, None]).sum(dim=-1) + 1
             top_v, top_i = raw_lp.topk(kmax, dim=-1) if kmax > 0 else (None, None)
             lp = [_to_host(t) for t in (chosen, ranks, top_v, top_i)]
-        return PendingSample(ids, params, lp, len(rows))
+        return PendingSample(ids, params, lp)
 
 
 def _to_host(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -181,11 +181,11 @@ class PendingSample:
     """The sampled token ids (and logprobs) of one step, on their way to the host. `ids` stays on
     the device: the next decode step can take its input tokens from it without a host round trip."""
 
-    def __init__(self, ids: torch.Tensor | None, params: list[SamplingParams], lp, n: int):
+    def __init__(self, ids: torch.Tensor | None, params: list[SamplingParams], lp):
         self.ids = ids
         self.params = params
         self._lp = lp
-        self._host_ids = _to_host(ids) if ids is not None else None
+        self._host_ids = _to_host(ids)
         self._event = None
         if ids is not None and ids.device.type == "cuda":
             self._event = torch.cuda.Event()
