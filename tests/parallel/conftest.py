@@ -7,20 +7,16 @@ out_proj's input features (whole value heads) falls on whole Q8_0 blocks (32 val
 from __future__ import annotations
 
 import pytest
-import torch
 
-from tests.engine.conftest import build_tiny_qwen35
+from tests.engine.conftest import build_tiny_qwen35, torch_one_thread  # noqa: F401 - fixture
 
 TINY_OVERRIDES = dict(linear_value_head_dim=32)
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _one_thread():
+def _one_thread(request):
     """Tiny tensors: one intra-op thread per process (the workers copy rank 0's count)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+    request.getfixturevalue("torch_one_thread")
 
 
 @pytest.fixture(scope="session")
