@@ -168,7 +168,6 @@ def _nearest_iq4(v: np.ndarray) -> np.ndarray:
 
 
 def quantize_iq4_nl(blocks: np.ndarray) -> np.ndarray:
-    n = blocks.shape[0]
     imax = np.abs(blocks).argmax(axis=-1)[:, None]
     d = _f16_round(np.take_along_axis(blocks, imax, axis=-1)[:, 0] / -127.0)
     idx = _nearest_iq4(_safe_div(blocks, d[:, None]))
@@ -219,7 +218,8 @@ def quantize(data: np.ndarray, qtype: str) -> np.ndarray:
 # converter conventions
 
 
-def _load_hf(source: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def load_hf(source: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """(state dict, config dict) of an HF directory or an in-memory transformers model."""
     if isinstance(source, (str, Path)):
         from safetensors.torch import load_file
 
@@ -368,7 +368,7 @@ def write_gguf(
     """
     import gguf
 
-    sd, cfg = _load_hf(source)
+    sd, cfg = load_hf(source)
     hp = {**cfg, **cfg.get("text_config", {})}
     hp.setdefault("head_dim", hp["hidden_size"] // hp["num_attention_heads"])
     tensors: dict[str, torch.Tensor] = {}

@@ -27,20 +27,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from tests.engine.gguf_writer import load_hf
+
 
 def _load(source: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any], dict[str, Any]]:
+    """load_hf's (state dict, config) plus the directory's preprocessor config ({} if none)."""
+    sd, cfg = load_hf(source)
+    pre = {}
     if isinstance(source, (str, Path)):
-        from safetensors.torch import load_file
-
-        d = Path(source)
-        cfg = json.loads((d / "config.json").read_text())
-        sd: dict[str, torch.Tensor] = {}
-        for f in sorted(d.glob("*.safetensors")):
-            sd.update(load_file(str(f)))
-        pre_path = d / "preprocessor_config.json"
-        pre = json.loads(pre_path.read_text()) if pre_path.is_file() else {}
-        return sd, cfg, pre
-    return {k: v.detach() for k, v in source.state_dict().items()}, source.config.to_dict(), {}
+        pre_path = Path(source) / "preprocessor_config.json"
+        if pre_path.is_file():
+            pre = json.loads(pre_path.read_text())
+    return sd, cfg, pre
 
 
 def write_mmproj(
