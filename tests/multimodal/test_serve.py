@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.multimodal.conftest import data_url, png_bytes
-from tests.server.conftest import API_KEY, start_server, stop_server
+from tests.server.conftest import openai_client, serving
 
 RECIPE = """
 [model]
@@ -29,16 +29,12 @@ api_key_env = "G906_TEST_API_KEY"
 
 @pytest.fixture(scope="module")
 def vl_server(vl_gguf_dir, tmp_path_factory):
-    s = start_server(tmp_path_factory.mktemp("g906-up-vl"), RECIPE.format(model=vl_gguf_dir / "tiny-vl-F32.gguf"))
-    yield s
-    code = stop_server(s)
-    assert code == 0, s.stderr_path.read_text()[-3000:]
+    yield from serving(tmp_path_factory.mktemp("g906-up-vl"), RECIPE.format(model=vl_gguf_dir / "tiny-vl-F32.gguf"))
 
 
 @pytest.fixture(scope="module")
 def vl_client(vl_server):
-    openai = pytest.importorskip("openai")
-    return openai.OpenAI(base_url=vl_server.v1, api_key=API_KEY, max_retries=0, timeout=120)
+    return openai_client(vl_server)
 
 
 def _msg(*images: str, text: str = "What is in the picture?") -> list[dict]:

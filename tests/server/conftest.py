@@ -124,18 +124,27 @@ def stop_server(s: Served, sig=signal.SIGINT, timeout: float = 60.0) -> int:
     return s.proc.returncode
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory):
-    s = start_server(tmp_path_factory.mktemp("g906-up"), MAIN_RECIPE)
+def serving(tmp: Path, recipe_text: str):
+    """For a fixture (`yield from serving(...)`): the started server, then a clean exit (0)."""
+    s = start_server(tmp, recipe_text)
     yield s
     code = stop_server(s)
     assert code == 0, s.stderr_path.read_text()[-3000:]
 
 
+def openai_client(s: Served):
+    openai = pytest.importorskip("openai")
+    return openai.OpenAI(base_url=s.v1, api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    yield from serving(tmp_path_factory.mktemp("g906-up"), MAIN_RECIPE)
+
+
 @pytest.fixture(scope="session")
 def client(server):
-    openai = pytest.importorskip("openai")
-    return openai.OpenAI(base_url=server.v1, api_key=API_KEY, max_retries=0, timeout=120)
+    return openai_client(server)
 
 
 @pytest.fixture(scope="session")
