@@ -190,8 +190,9 @@ def bench_linear_quant(quick):
 
     types = LINQ_TYPES
     shapes = LINQ_SHAPES
-    sweep = [dict(BLOCK_N=4, num_warps=4), dict(BLOCK_N=8, num_warps=4),
-             dict(BLOCK_N=4, num_warps=8)]
+    # T = 1 grid: rows per program x warps x register prefetch (and the 4-bit field pairing off)
+    sweep = [dict(BLOCK_N=bn, num_warps=w, PREFETCH=pf) for bn in (4, 8, 16) for w in (1, 2, 4)
+             for pf in (False, True)]
     # T = 8 takes the tensor-core tile path on CUDA (BLOCK_M = 16); a few tile shapes
     sweep_dot = [dict(BLOCK_N=64, H=8, num_warps=4), dict(BLOCK_N=128, H=8, num_warps=8)]
     import time
@@ -229,12 +230,11 @@ def bench_linear_quant(quick):
                 ms_new = run_new({})
                 cfg_note = (f"default {linear_kernel._pq_gemv_config(T, N, K, qt, x.device)}"
                             if T == 1 or torch.version.hip else "default (dot path)")
-                if not quick and (N, K) == shapes[0]:
+                if not quick and (T == 1 or (N, K) == shapes[0]):
                     res = []
                     base = linear_kernel._pq_gemv_config(T, N, K, qt, x.device)
-                    flip = dict(BLOCK_N=base["BLOCK_N"], num_warps=base["num_warps"],
-                                PREFETCH=qt not in ("Q8_0", "Q6_K"))   # the other default
-                    for cfg in (sweep + [flip] if T == 1 else sweep_dot):
+                    extra = [dict(base, PAIRS=False)] if qt in ("Q4_K", "Q4_0") else []
+                    for cfg in (sweep + extra if T == 1 else sweep_dot):
                         try:
                             res.append((run_new(cfg), cfg))
                         except Exception as e:  # a config may not compile on every target
@@ -363,7 +363,7 @@ def bench_gdn(quick):
             record("conv", f"{model} conv1d-decode B={B} C={C}", nbytes, ms, ms_ref)
     # prefill (chunked) on the 9B layer: one 4k sequence and 4 x 1k
     m = MODELS["9B"]
-    for lens in ([4096], [1024] * 4):
+    for lens in ([2048], [4096], [1024] * 4):
         T = sum(lens)
         hk, hv, d = m["lk"], m["lv"], 128
         q = torch.randn(T, hk, d, dtype=torch.float16, device="cuda")
@@ -381,13 +381,18 @@ def bench_gdn(quick):
         ms = bench_plain(lambda: registry.call_triton("gated_delta_rule_prefill", *args), rep=200)
         ms_ref = bench_plain(lambda: registry.call_reference("gated_delta_rule_prefill", *args), rep=200)
         res = []
-        for bv in (16, 32, 64):  # value columns per phase-2 program (the default picks 16 or 32)
+        # value columns and warps per phase-2 program (the default: 16 or 32 columns, 4 warps)
+        # and software-pipelined loads (num_stages)
+        for bv, nw, ns in ((16, 4, 1), (16, 2, 1), (32, 4, 1), (64, 8, 1), (16, 4, 2),
+                           (32, 4, 2)):
             try:
                 res.append((bench_plain(lambda: registry.call_triton(
-                    "gated_delta_rule_prefill", *args, block_v=bv), rep=100), bv))
+                    "gated_delta_rule_prefill", *args, block_v=bv, num_warps=nw,
+                    num_stages=ns), rep=100), (bv, nw, ns)))
             except Exception as e:
-                print("   block_v", bv, "failed:", type(e).__name__)
-        best = f", best block_v={min(res)[1]} {min(res)[0]:.3f} ms" if res else ""
+                print("   block_v, warps, stages", (bv, nw, ns), "failed:", type(e).__name__)
+        res.sort(key=lambda r: r[0])
+        best = (", (block_v, warps, stages): " + ", ".join(f"{c} {t:.3f} ms" for t, c in res)) if res else ""
         nbytes = (q.numel() + k.numel() + 2 * v.numel()) * 2 + 2 * st.numel() * 4
         record("gdn", f"9B gdn-prefill lens={lens[0]}x{len(lens)}", nbytes, ms, ms_ref,
                f"{T / (ms * 1e-3) / 1e3:.0f}k tok/s (ref {T / (ms_ref * 1e-3) / 1e3:.0f}k){best}")
@@ -395,7 +400,7 @@ def bench_gdn(quick):
 
 def bench_prefill_attention(quick):
     m = MODELS["9B"]
-    for lens in ([4096], [1024] * 4):
+    for lens in ([2048], [4096], [1024] * 4):
         T = sum(lens)
         bs = 16
         kc, vc, tables, sl = _paged(len(lens), max(lens), m["hk"], m["hd"], bs)

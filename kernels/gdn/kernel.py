@@ -336,7 +336,7 @@ def _chunk_map(cu_seqlens, C, max_chunks):
 
 def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, cu_seqlens, ssm_states, state_slots,
                              has_initial_state, *, v_head_order="grouped", chunk_size=64,
-                             block_v=None, num_warps=4):
+                             block_v=None, num_warps=4, num_stages=1):
     T, Hk, DK = k.shape
     Hv, DV = v.shape[1], v.shape[2]
     B = state_slots.shape[0]
@@ -375,5 +375,5 @@ def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, cu_seqlens, ssm_stat
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         ssm_states.stride(0), ssm_states.stride(1), ssm_states.stride(2), o.stride(0),
         o.stride(1), GROUPED=grouped, C=C, BLOCK_K=BLOCK_K, BLOCK_V=BLOCK_V,
-        PREC=_SCAN_PRECISION, num_warps=num_warps, num_stages=1)
+        PREC=_SCAN_PRECISION, num_warps=num_warps, num_stages=num_stages)
     return o

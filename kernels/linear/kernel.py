@@ -18,6 +18,7 @@ read byte-wise, so no alignment beyond one byte is assumed.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import triton
@@ -403,6 +404,13 @@ def _q6_bytes(words, hi, w3):
 
 
 @triton.jit
+def _small_int_f32(v):
+    """An int in [0, 2^23) as fp32 through the exponent (an or and a subtract: int->float
+    conversions run at a quarter of the FMA rate on NVIDIA)."""
+    return (v | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
 def _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT: tl.constexpr, HALF: tl.constexpr):
     """(A, B) fp32 [BN, H]: dot(w, x) over vector v (Q6_K: half HALF of it, 16 elements)
     = A * sum(f * x) + B * sum(x)."""
@@ -421,15 +429,17 @@ def _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT: tl.constexpr, HALF: tl.cons
         # (v2 * 4) // 4: an index Triton does not see as contiguous along the vector axis, so
         # the load keeps the layout of the words instead of a vectorized one converted later
         scm = tl.load(b_ptr + n2 * sb + (k0 // 32 + (v2 * 4) // 4)).to(tl.int32)
-        ds = d * (scm & 255).to(tl.float32)
+        ds = d * _small_int_f32(scm & 255)
+        m = _small_int_f32((scm >> 8) & 255)
         if QT == 2:
             A = 16.0 * ds
-            B = -16.0 * ds - dmin * (scm >> 8).to(tl.float32)
+            B = -16.0 * ds - dmin * m
         else:
             A = 32.0 * ds
-            B = -32.0 * ds - dmin * (scm >> 8).to(tl.float32)
+            B = -32.0 * ds - dmin * m
     else:          # Q6_K: q - 32 = 64 f - 96, one int8 scale per 16 elements
-        sc = tl.load(a_ptr + n2 * sa + (k0 // 16 + 2 * v2 + HALF)).to(tl.float32)
+        sc8 = tl.load(a_ptr + n2 * sa + (k0 // 16 + 2 * v2 + HALF)).to(tl.int32)
+        sc = _small_int_f32(sc8 + 128) - 128.0
         d = tl.load(b_ptr + n2 * sb + (k0 + v2 * 32) // 256).to(tl.float32)
         ds = d * sc
         A = 64.0 * ds
@@ -442,7 +452,7 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
                     so, so_split, kw_len, one,
                     QT: tl.constexpr, E: tl.constexpr, H: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr,
-                    PREFETCH: tl.constexpr = False):
+                    PREFETCH: tl.constexpr = False, PAIRS: tl.constexpr = True):
     """out[t, n] (or split-K partial pid_k) = x[t] . w[n] over words [pid_k * kw_len, +kw_len).
 
     H = threads per program. Tiles are [H, BLOCK_T, BLOCK_N, 4] with the vector axis first,
@@ -507,6 +517,11 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
             words, hi = _q5_bytes(words, hi, w3)
         if QT == 4:
             words, hi = _q6_bytes(words, hi, w3)
+        # scales before the fields: their loads then overlap the words' (placed after the
+        # decode, they were a second memory round trip per iteration in the compiled code)
+        A, B = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, vs, QT, 0)
+        if QT == 4:
+            A1, B1 = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, vs, QT, 1)
         if QT == 4:  # fields 0-3 and 4-7 have their own scales
             p0 = tl.zeros([H, BLOCK_T, BLOCK_N, 4], tl.float32)
             p1 = tl.zeros([H, BLOCK_T, BLOCK_N, 4], tl.float32)
@@ -521,18 +536,37 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
                 else:
                     p1 += fj * xj
                     x1 += xj
-            A0, B0 = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, vs, QT, 0)
-            A1, B1 = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, vs, QT, 1)
-            acc += (A0[:, None] * tl.sum(p0, axis=3) + B0[:, None] * tl.sum(x0, axis=3)
+            acc += (A[:, None] * tl.sum(p0, axis=3) + B[:, None] * tl.sum(x0, axis=3)
                     + A1[:, None] * tl.sum(p1, axis=3) + B1[:, None] * tl.sum(x1, axis=3))
         else:
             p = tl.zeros([H, BLOCK_T, BLOCK_N, 4], tl.float32)
             xs = tl.zeros([H, BLOCK_T, 1, 4], tl.float32)
-            for j in tl.static_range(E):
-                xj = tl.load(xrow + k0 + xoff + 4 * j, mask=xm, other=0.0).to(tl.float32)
-                p += _pq_field(words, hi, j, QT, one)[:, None] * xj
-                xs += xj
-            A, B = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, vs, QT, 0)
+            if (QT == 1 or QT == 2) and PAIRS:
+                # 4-bit fields two at a time: one shift puts field j at bits 15-18 and j + 1 at
+                # 19-22, each then needs only an and-or (half the shifts): f_j = 1 + q/256 meets
+                # 16 x (exact), so f x = x + q x / 16 + 15 x for even j; the 15 x terms (xe, per
+                # thread, shared by all rows) are taken off each row's sum below
+                xe = tl.zeros([H, BLOCK_T, 1, 4], tl.float32)
+                for j in tl.static_range(0, E, 2):
+                    x0 = tl.load(xrow + k0 + xoff + 4 * j, mask=xm, other=0.0).to(tl.float32)
+                    x1 = tl.load(xrow + k0 + xoff + 4 * j + 4, mask=xm, other=0.0).to(tl.float32)
+                    if j < 4:
+                        sw = words << (15 - 4 * j)
+                    else:
+                        sw = words >> (4 * j - 15)
+                    f0 = ((sw & (15 << 15)) | one).to(tl.float32, bitcast=True)
+                    f1 = ((sw & (15 << 19)) | one).to(tl.float32, bitcast=True)
+                    p += f0[:, None] * (x0 * 16.0)     # separate statements: FMAs into p
+                    p += f1[:, None] * x1
+                    xs += x0
+                    xs += x1
+                    xe += x0
+                p -= 15.0 * xe
+            else:
+                for j in tl.static_range(E):
+                    xj = tl.load(xrow + k0 + xoff + 4 * j, mask=xm, other=0.0).to(tl.float32)
+                    p += _pq_field(words, hi, j, QT, one)[:, None] * xj
+                    xs += xj
             acc += A[:, None] * tl.sum(p, axis=3) + B[:, None] * tl.sum(xs, axis=3)
     res = tl.sum(acc, axis=0)                                               # [BT, BN]
     optr = out_ptr + pid_k * so_split + tt[:, None] * so + nn[None, :]
@@ -744,24 +778,36 @@ def _pq_gemv_config(T, N, K, qtype, device):
 @functools.lru_cache(maxsize=4096)
 def _pq_gemv_config_cached(T, N, K, qtype, device):
     """BLOCK_N rows per program (rows live in registers: each thread reuses its activations for
-    all of them and keeps BLOCK_N 16-byte loads in flight), num_warps, and a split of K so
-    that there are about 4 programs per SM/CU. Row counts from the register use of the
-    compiled kernel: sm_90 T=1 Q8_0/Q4_K BLOCK_N=8 64/96 registers, Q5_K/Q6_K BLOCK_N=4 96-124;
-    gfx9 (wave64, 256 VGPRs per lane and SIMD) BLOCK_N=4 about 70-80 VGPRs, Q5_K/Q6_K half
-    that many rows."""
+    all of them and keeps BLOCK_N 16-byte loads in flight), num_warps, PREFETCH and a split of
+    K. CUDA, T = 1: from the H200 sweep (docs/PERF.md, run 5; 9B shapes): Q8_0 4 rows, Q4_K/Q4_0
+    8, Q5_K/Q6_K 4 at 2 warps; otherwise warps so that the grid holds about 24 warps per SM
+    (N = 4096: 4 warps, N = 12288: 1-2) — within 3% of the best of 18 configs on every shape.
+    ROCm (wave64, 256 VGPRs per lane and SIMD; unmeasured): 4 rows, Q5_K/Q6_K half that many."""
     bt = next_pow2(T)
     wide = qtype in ("Q5_K", "Q6_K")          # two planes per element: more registers
-    if is_rocm():
-        block_n = {1: 4, 2: 2}.get(bt, 1)
-    else:
-        block_n = {1: 8, 2: 8, 4: 4, 8: 2}.get(bt, 1)
-    if wide:
-        block_n = max(1, block_n // 2)
     kw = K // PQ_E[qtype]
+    ws = warp_size(device)
     # one iteration covers 4 * threads words: fewer warps where that would leave a masked
     # tail (27B: K = 5120, 17408 are 5 and 17 times 1024 elements)
-    ws = warp_size(device)
-    warps = next((w for w in (4, 2, 1) if kw % (4 * ws * w) == 0), 4)
+    fit = next((w for w in (4, 2, 1) if kw % (4 * ws * w) == 0), 4)
+    if is_rocm():
+        block_n = max(1, {1: 4, 2: 2}.get(bt, 1) // (2 if wide else 1))
+        warps = fit
+    else:
+        block_n = {1: 8, 2: 8, 4: 4, 8: 2}.get(bt, 1)
+        if bt == 1:
+            block_n = 4 if qtype in ("Q8_0",) or wide else 8
+        elif wide:
+            block_n = max(1, block_n // 2)
+        block_n = min(block_n, next_pow2(N))
+        if bt == 1 and wide:
+            warps = 2
+        elif bt == 1:
+            want = 24 * num_sms(device) / triton.cdiv(N, block_n)
+            warps = 1 << max(0, min(2, round(math.log2(max(want, 1.0)))))
+        else:
+            warps = 4
+        warps = min(warps, fit)
     block_n = min(block_n, next_pow2(N))
     progs = triton.cdiv(N, block_n)
     want = 4 * num_sms(device)
@@ -769,7 +815,9 @@ def _pq_gemv_config_cached(T, N, K, qtype, device):
     while (progs * split * 2 <= want and kw % (split * 2) == 0
            and (kw // (split * 2)) % (4 * ws * warps) == 0 and kw // (split * 2) >= 1024):
         split *= 2
-    return dict(BLOCK_N=block_n, num_warps=warps, SPLIT=split)
+    # prefetching the next words paid only for Q8_0 at 4 warps (H200 sweep; it costs registers)
+    prefetch = qtype == "Q8_0" and warps == 4 and not is_rocm()
+    return dict(BLOCK_N=block_n, num_warps=warps, SPLIT=split, PREFETCH=prefetch)
 
 
 def packed_matmul(x, pw, **cfg):
@@ -796,12 +844,8 @@ def packed_matmul(x, pw, **cfg):
         kw_len = triton.cdiv(triton.cdiv(KW, split), 16) * 16
         split = triton.cdiv(KW, kw_len)
         even = kw_len % (4 * H) == 0 and KW % kw_len == 0
-        prefetch = c.get("PREFETCH")
-        if prefetch is None:  # several iterations per program: overlap the next load (sm_90:
-            # free for Q8_0/Q6_K, Q4_K would go from 96 to 168 registers; unmeasured on ROCm)
-            prefetch = (even and kw_len // (4 * H) >= 2 and not is_rocm()
-                        and qt in ("Q8_0", "Q6_K"))
-        prefetch = bool(prefetch) and even
+        # the next iteration's words loaded early: only where there is a next iteration
+        prefetch = bool(c.get("PREFETCH")) and even and kw_len // (4 * H) >= 2
         bt = next_pow2(T)
         if split == 1:
             dst, so_split = out, 0
@@ -812,7 +856,7 @@ def packed_matmul(x, pw, **cfg):
             x, qs, qh, a, b, dst, N, T, KW, x.stride(0), qs.stride(0), qh.stride(0),
             a.stride(0), b.stride(0), dst.stride(-2), so_split, kw_len, 0x3F800000,
             QT=QT, E=E, H=H, BLOCK_N=BN, BLOCK_T=bt, EVEN=even, PREFETCH=prefetch,
-            num_warps=warps)
+            PAIRS=c.get("PAIRS", True), num_warps=warps)
         if split > 1:
             torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
         return out
