@@ -63,6 +63,7 @@ def test_packed_linear(qtype, T):
 
 @pytest.mark.parametrize("qtype", QTYPES)
 @pytest.mark.parametrize("T,cfg", [(1, dict(H=8, BLOCK_N=4)),                # unmasked loop
+                                   (1, dict(H=8, BLOCK_N=4, PAIRS=False)),   # 4-bit fields singly
                                    (3, dict(H=8, BLOCK_N=4, PREFETCH=True)), # next words early
                                    (2, dict(H=8, SPLIT=2, BLOCK_N=2)),       # split K, even
                                    (5, dict(H=4, SPLIT=3, BLOCK_N=4))])      # split K, tails
