@@ -100,26 +100,27 @@ def causal_conv1d_prefill(x, weight, cu_seqlens, conv_states, state_slots, has_i
 
 @triton.jit
 def _conv_decode_kernel(x_ptr, w_ptr, st_ptr, slot_ptr, out_ptr, C, sx_b, so_b, sw_c, ss_s, ss_c,
-                        K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr):
+                        K: tl.constexpr, BLOCK_C: tl.constexpr):
+    """One step per (sequence, channel block). The K-1 saved inputs are loaded tap by tap as
+    [BLOCK_C] vectors of one layout, so the thread that reads a channel's taps is the one that
+    writes them back shifted: one memory round trip, no barrier between reads and writes."""
     b = tl.program_id(0)
     cc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cc < C
     slot = tl.load(slot_ptr + b).to(tl.int64)
-    i = tl.arange(0, BLOCK_K)
-    m2 = cmask[:, None] & (i < K - 1)[None, :]
-    sp = st_ptr + slot * ss_s + cc[:, None] * ss_c
-    st = tl.load(sp + i[None, :], mask=m2, other=0.0)                  # [C, K-1] oldest first
+    sp = st_ptr + slot * ss_s + cc * ss_c
+    wp = w_ptr + cc * sw_c
     x = tl.load(x_ptr + b.to(tl.int64) * sx_b + cc, mask=cmask, other=0.0)
-    w = tl.load(w_ptr + cc[:, None] * sw_c + i[None, :], mask=m2, other=0.0).to(tl.float32)
-    wl = tl.load(w_ptr + cc * sw_c + (K - 1), mask=cmask, other=0.0).to(tl.float32)
-    acc = tl.sum(st.to(tl.float32) * w, axis=1) + x.to(tl.float32) * wl
+    acc = x.to(tl.float32) * tl.load(wp + (K - 1), mask=cmask, other=0.0).to(tl.float32)
+    for i in tl.static_range(K - 1):                   # oldest first
+        s = tl.load(sp + i, mask=cmask, other=0.0)
+        acc += s.to(tl.float32) * tl.load(wp + i, mask=cmask, other=0.0).to(tl.float32)
+        if i > 0:
+            tl.store(sp + (i - 1), s, mask=cmask)          # shift: new[i-1] = old[i]
+    if K > 1:
+        tl.store(sp + (K - 2), x.to(st_ptr.dtype.element_ty), mask=cmask)
     y = acc / (1.0 + tl.exp(-acc))
     tl.store(out_ptr + b.to(tl.int64) * so_b + cc, y.to(out_ptr.dtype.element_ty), mask=cmask)
-    # shift: new[i] = old[i+1] for i < K-2, new[K-2] = x
-    nxt = tl.load(sp + (i + 1)[None, :], mask=m2 & (i + 1 < K - 1)[None, :], other=0.0)
-    new = tl.where((i == K - 2)[None, :], x.to(st_ptr.dtype.element_ty)[:, None], nxt)
-    tl.debug_barrier()
-    tl.store(sp + i[None, :], new, mask=m2)
 
 
 def causal_conv1d_decode(x, weight, conv_states, state_slots):
@@ -132,6 +133,5 @@ def causal_conv1d_decode(x, weight, conv_states, state_slots):
     BLOCK_C = 256
     _conv_decode_kernel[(B, triton.cdiv(C, BLOCK_C))](
         x, weight, conv_states, state_slots, out, C, x.stride(0), out.stride(0), weight.stride(0),
-        conv_states.stride(0), conv_states.stride(1), K=K, BLOCK_K=next_pow2(K - 1),
-        BLOCK_C=BLOCK_C, num_warps=4)
+        conv_states.stride(0), conv_states.stride(1), K=K, BLOCK_C=BLOCK_C, num_warps=4)
     return out
