@@ -74,6 +74,12 @@ registry.register("gated_delta_rule_prefill", _gdn.gated_delta_rule_prefill,
                   lambda q, k, v, a, b, *r, **kw: _ok(q, k, v) and r[3].dtype == torch.float32
                   and _last_contig(q, k, v, a, b) and k.shape[-1] <= 256)
 registry.register("linear", _lin.linear, "linear.kernel:linear", _linear_supports)
+# fused into the decode GEMV where the weight is dense; otherwise the Triton side runs the two
+# ops through the registry, each in its own range
+registry.register("silu_mul_linear", _lin.silu_mul_linear, "linear.kernel:silu_mul_linear",
+                  lambda x, w: x.dim() == 2 and _ok(x))
+registry.register("gated_norm_linear", _lin.gated_norm_linear, "linear.kernel:gated_norm_linear",
+                  lambda o, z, nw, eps, w: o.dim() == 3 and _ok(o, z))
 
 
 def rms_norm(x, weight, eps, *, residual=None, zero_centred=False):
@@ -86,6 +92,17 @@ def rms_norm(x, weight, eps, *, residual=None, zero_centred=False):
 def gated_rms_norm(x, z, weight, eps):
     """norm(x) * weight * silu(z), rows of the last dim."""
     return registry.dispatch("gated_rms_norm", x, z, weight, eps)
+
+
+def silu_mul_linear(x, weight):
+    """linear(silu_and_mul(x), weight): the MLP's down projection of x [T, 2I] = [gate | up]."""
+    return registry.dispatch("silu_mul_linear", x, weight)
+
+
+def gated_norm_linear(o, z, norm_weight, eps, weight):
+    """linear(gated_rms_norm(o, z, norm_weight, eps) as [T, H * D], weight): the linear
+    attention's output projection of its per-head normed, gated output o, z [T, H, D]."""
+    return registry.dispatch("gated_norm_linear", o, z, norm_weight, eps, weight)
 
 
 def rotary_(q, k, positions, cos_sin_cache, rot_dim):

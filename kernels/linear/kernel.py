@@ -208,9 +208,35 @@ def _qgemm_kernel(x_ptr, w_ptr, out_ptr, M, N, sx_t, sw_n, so_t, n_steps,
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, T, sx_t, sw_n, so_t,
+def _gemv_input(x_ptr, xrow, ks, xm, K, z_ptr, nw_ptr, tt, sz_t, sz_h, eps,
+                PRO: tl.constexpr, G: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The [BLOCK_T, BLOCK_K] activations at columns ks, after the op that fed them (fused here
+    so that op needs no kernel of its own; each program recomputes it for its K range, a few
+    flops per weight row it streams). PRO 0: x itself. 1: silu(x[:, k]) * x[:, K + k] (rows
+    hold [gate | up]). 2: gated RMSNorm per group of G columns (one head): norm(x) * nw *
+    silu(z), z [T, K / G, G] with strides (sz_t, sz_h, 1). fp32 math, rounded to x's dtype
+    like the separate kernels' outputs."""
+    if PRO == 1:
+        g = tl.load(xrow + ks[None, :], mask=xm, other=0.0).to(tl.float32)
+        u = tl.load(xrow + K + ks[None, :], mask=xm, other=0.0).to(tl.float32)
+        return (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty)
+    if PRO == 2:
+        o = tl.reshape(tl.load(xrow + ks[None, :], mask=xm, other=0.0).to(tl.float32),
+                       (BLOCK_T, BLOCK_K // G, G))
+        r = tl.rsqrt(tl.sum(o * o, axis=2) / G + eps)                     # per (token, head)
+        h = tl.reshape(o * r[:, :, None], (BLOCK_T, BLOCK_K))
+        zp = z_ptr + tt.to(tl.int64)[:, None] * sz_t + (ks // G)[None, :] * sz_h + (ks % G)[None, :]
+        z = tl.load(zp, mask=xm, other=0.0).to(tl.float32)
+        nw = tl.load(nw_ptr + ks % G).to(tl.float32)
+        return (h * nw[None, :] * (z / (1.0 + tl.exp(-z)))).to(x_ptr.dtype.element_ty)
+    return tl.load(xrow + ks[None, :], mask=xm, other=0.0)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, T, sx_t, sw_n, so_t, z_ptr, nw_ptr, sz_t, sz_h, eps,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
-                 USE_DOT: tl.constexpr, EVEN_K: tl.constexpr):
+                 USE_DOT: tl.constexpr, EVEN_K: tl.constexpr, PRO: tl.constexpr = 0,
+                 G: tl.constexpr = 1):
     pid = tl.program_id(0)
     nn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = nn < N
@@ -228,10 +254,12 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, T, sx_t, sw_n, so_t,
         ks = k0 + kk
         if EVEN_K:
             w = tl.load(wrow + ks[None, :])
-            x = tl.load(xrow + ks[None, :], mask=tmask[:, None], other=0.0)
+            xm = tmask[:, None]
         else:
             w = tl.load(wrow + ks[None, :], mask=(ks < K)[None, :], other=0.0)
-            x = tl.load(xrow + ks[None, :], mask=tmask[:, None] & (ks < K)[None, :], other=0.0)
+            xm = tmask[:, None] & (ks < K)[None, :]
+        x = _gemv_input(x_ptr, xrow, ks, xm, K, z_ptr, nw_ptr, tt, sz_t, sz_h, eps,
+                        PRO, G, BLOCK_T, BLOCK_K)
         if USE_DOT:
             acc += tl.dot(x, tl.trans(w.to(x.dtype)))
         else:
@@ -264,8 +292,12 @@ def _gemv_config_cached(T, N, K, device, dtype):
     return dict(BLOCK_T=bt, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=False, num_warps=4)
 
 
-def dense_gemv(x, weight, **cfg):
-    T, K = x.shape
+def dense_gemv(x, weight, *, prologue=None, **cfg):
+    """x [T, K] @ weight^T for T <= 16. prologue: None, ("silu_mul",) with x [T, 2K] holding
+    [gate | up], or ("gated_norm", z, norm_weight, eps) with x [T, K] = heads of G =
+    norm_weight.numel() columns and z [T, K/G, G] (see _gemv_input)."""
+    T = x.shape[0]
+    K = weight.shape[1]
     N = weight.shape[0]
     assert weight.stride(1) == 1 and x.stride(1) == 1
     out = empty((T, N), x.dtype, x.device)
@@ -273,11 +305,54 @@ def dense_gemv(x, weight, **cfg):
         return out
     c = _gemv_config(T, N, K, x.device, x.dtype)
     c.update(cfg)
+    pro, G, z, nw, sz_t, sz_h, eps = 0, 1, x, x, 0, 0, 0.0
+    if prologue is not None and prologue[0] == "silu_mul":
+        assert x.shape[1] == 2 * K
+        pro = 1
+    elif prologue is not None:
+        _, z, nw, eps = prologue
+        pro, G = 2, nw.numel()
+        assert z.stride(2) == 1 and z.shape[1] * G == K and x.shape[1] == K
+        sz_t, sz_h = z.stride(0), z.stride(1)
+        if c["BLOCK_K"] % G:           # whole heads per K block
+            c["BLOCK_K"] = G
+            if not c["USE_DOT"]:
+                c["BLOCK_N"] = max(1, min(c["BLOCK_N"], 4096 // (c["BLOCK_T"] * G)))
+    else:
+        assert x.shape[1] == K
     warps = c.pop("num_warps")
     _gemv_kernel[(triton.cdiv(N, c["BLOCK_N"]),)](
-        x, weight, out, N, K, T, x.stride(0), weight.stride(0), out.stride(0),
-        EVEN_K=K % c["BLOCK_K"] == 0, num_warps=warps, **c)
+        x, weight, out, N, K, T, x.stride(0), weight.stride(0), out.stride(0), z, nw, sz_t, sz_h,
+        float(eps), EVEN_K=K % c["BLOCK_K"] == 0, PRO=pro, G=G, num_warps=warps, **c)
     return out
+
+
+def _gemv_fusable(x, weight) -> bool:
+    return (isinstance(weight, torch.Tensor) and 0 < x.shape[0] <= 16 and x.dim() == 2
+            and weight.dtype == x.dtype and weight.stride(1) == 1)
+
+
+def silu_mul_linear(x, weight):
+    """linear(silu_and_mul(x), weight): one GEMV kernel for dense weights and T <= 16 (decode),
+    else the two ops as the registry picks them."""
+    if _gemv_fusable(x, weight) and x.stride(1) == 1:
+        return dense_gemv(x, weight, prologue=("silu_mul",))
+    from .. import ops
+
+    return ops.linear(ops.silu_and_mul(x), weight)
+
+
+def gated_norm_linear(o, z, norm_weight, eps, weight):
+    """linear(gated_rms_norm(o, z, norm_weight, eps) as [T, H * D], weight) for o, z [T, H, D]:
+    one GEMV kernel for dense weights, T <= 16 and a power-of-two D, else the two ops."""
+    T, H, D = o.shape
+    x = o.reshape(T, H * D)
+    if (_gemv_fusable(x, weight) and x.stride(1) == 1 and z.stride(-1) == 1
+            and D & (D - 1) == 0 and norm_weight.numel() == D):
+        return dense_gemv(x, weight, prologue=("gated_norm", z, norm_weight, eps))
+    from .. import ops
+
+    return ops.linear(ops.gated_rms_norm(o, z, norm_weight, eps).reshape(T, H * D), weight)
 
 
 def quant_matmul(x, qweight, **cfg):

@@ -113,3 +113,18 @@ def linear(x, weight):
     else:
         w = dequantize(weight.data, weight.qtype, weight.shape)
     return (x.float() @ w.t()).to(x.dtype)
+
+
+def silu_mul_linear(x, weight):
+    """linear(silu_and_mul(x), weight): the fused decode GEMV's reference."""
+    from ..activation.reference import silu_and_mul
+
+    return linear(silu_and_mul(x), weight)
+
+
+def gated_norm_linear(o, z, norm_weight, eps, weight):
+    """linear(gated_rms_norm(o, z, norm_weight, eps) as [T, H * D], weight) for o [T, H, D]."""
+    from ..norm.reference import gated_rms_norm
+
+    T = o.shape[0]
+    return linear(gated_rms_norm(o, z, norm_weight, eps).reshape(T, -1), weight)

@@ -42,7 +42,19 @@ class Linear(WeightHolder):
         super().set_weight(attr, value)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.linear(x, self.weight)
+        return self.finish(ops.linear(x, self.weight))
+
+    def forward_silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """self(silu(x[:, :I]) * x[:, I:]), one kernel in decode where the weight is dense."""
+        return self.finish(ops.silu_mul_linear(x, self.weight))
+
+    def forward_gated_norm(self, o: torch.Tensor, z: torch.Tensor, norm) -> torch.Tensor:
+        """self(norm(o, z) flattened) for o, z [T, heads, head_dim] and a GatedRMSNorm."""
+        return self.finish(ops.gated_norm_linear(o, z, norm.weight, norm.eps, self.weight))
+
+    def finish(self, y: torch.Tensor) -> torch.Tensor:
+        """What follows the matmul (row-parallel layers all-reduce here)."""
+        return y
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}"

@@ -29,4 +29,4 @@ class MLP(nn.Module):
             gate_up = ops.linear(x, self.gate_up_weight)
         else:
             gate_up = torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)
-        return self.down_proj(ops.silu_and_mul(gate_up))
+        return self.down_proj.forward_silu_mul(gate_up)

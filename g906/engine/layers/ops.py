@@ -10,6 +10,7 @@ from g906.kernels.ops import (  # noqa: F401
     causal_conv1d_prefill,
     gated_delta_rule_decode,
     gated_delta_rule_prefill,
+    gated_norm_linear,
     gated_rms_norm,
     linear,
     paged_decode_attention,
@@ -17,6 +18,7 @@ from g906.kernels.ops import (  # noqa: F401
     rms_norm,
     rotary_,
     silu_and_mul,
+    silu_mul_linear,
     store_kv,
 )
 

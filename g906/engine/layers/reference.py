@@ -79,6 +79,16 @@ def silu_and_mul(x):
     return F.silu(gate) * up
 
 
+def silu_mul_linear(x, weight):
+    """linear(silu_and_mul(x), weight): the MLP's down projection (a fused kernel on GPUs)."""
+    return linear(silu_and_mul(x), weight)
+
+
+def gated_norm_linear(o, z, norm_weight, eps, weight):
+    """linear(gated_rms_norm(o, z, ...) over the heads' last dim, flattened to [T, H * D])."""
+    return linear(gated_rms_norm(o, z, norm_weight, eps).flatten(1), weight)
+
+
 # --------------------------------------------------------------------------------------------
 # rotary
 

@@ -30,8 +30,8 @@ class RowParallelLinear(Linear):
         super().__init__(in_features, out_features)
         self.comm = comm
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.comm.all_reduce(ops.linear(x, self.weight))
+    def finish(self, y: torch.Tensor) -> torch.Tensor:
+        return self.comm.all_reduce(y)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", row-parallel over {self.comm.size}"
