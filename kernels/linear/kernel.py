@@ -337,6 +337,9 @@ def silu_mul_linear(x, weight):
     else the two ops as the registry picks them."""
     if _gemv_fusable(x, weight) and x.stride(1) == 1:
         return dense_gemv(x, weight, prologue=("silu_mul",))
+    if (getattr(weight, "planes", None) is not None and x.stride(1) == 1
+            and x.dtype in (torch.float16, torch.float32)):    # PackedQuant: its GEMV fuses it
+        return packed_matmul(x, weight, silu=True)
     from .. import ops
 
     return ops.linear(ops.silu_and_mul(x), weight)
@@ -523,18 +526,32 @@ def _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT: tl.constexpr, HALF: tl.cons
 
 
 @triton.jit
+def _pq_x(x_ptr, p, xm, KX, SILU: tl.constexpr):
+    """Activations for the packed GEMV as fp32; SILU: silu(x[k]) * x[KX + k] rounded to x's dtype
+    (rows hold [gate | up]; the MLP's down projection without a silu-mul kernel)."""
+    if SILU:
+        g = tl.load(p, mask=xm, other=0.0).to(tl.float32)
+        u = tl.load(p + KX, mask=xm, other=0.0).to(tl.float32)
+        return (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
+    return tl.load(p, mask=xm, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, sq, sh, sa, sb,
                     so, so_split, kw_len, one,
                     QT: tl.constexpr, E: tl.constexpr, H: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr,
-                    PREFETCH: tl.constexpr = False, PAIRS: tl.constexpr = True):
+                    PREFETCH: tl.constexpr = False, PAIRS: tl.constexpr = True,
+                    SILU: tl.constexpr = False):
     """out[t, n] (or split-K partial pid_k) = x[t] . w[n] over words [pid_k * kw_len, +kw_len).
 
     H = threads per program. Tiles are [H, BLOCK_T, BLOCK_N, 4] with the vector axis first,
     so Triton puts every thread on it and keeps tokens, rows and the 4 words of a vector in
     registers: the activations a thread loads and converts serve all its rows, words and
     activations share one layout, and nothing crosses threads until after the loop.
-    PREFETCH: the next iteration's words are loaded before this one is decoded (EVEN only)."""
+    PREFETCH: the next iteration's words are loaded before this one is decoded (EVEN only).
+    SILU: x rows hold [gate | up] (K apart), the GEMV runs on silu(gate) * up (_pq_x)."""
+    KX = KW * E
     EV: tl.constexpr = 4 * E
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -603,7 +620,7 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
             x0 = tl.zeros([H, BLOCK_T, 1, 4], tl.float32)
             x1 = tl.zeros([H, BLOCK_T, 1, 4], tl.float32)
             for j in tl.static_range(E):
-                xj = tl.load(xrow + k0 + xoff + 4 * j, mask=xm, other=0.0).to(tl.float32)
+                xj = _pq_x(x_ptr, xrow + k0 + xoff + 4 * j, xm, KX, SILU)
                 fj = _pq_field(words, hi, j, QT, one)[:, None]
                 if j < 4:
                     p0 += fj * xj
@@ -623,8 +640,8 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
                 # thread, shared by all rows) are taken off each row's sum below
                 xe = tl.zeros([H, BLOCK_T, 1, 4], tl.float32)
                 for j in tl.static_range(0, E, 2):
-                    x0 = tl.load(xrow + k0 + xoff + 4 * j, mask=xm, other=0.0).to(tl.float32)
-                    x1 = tl.load(xrow + k0 + xoff + 4 * j + 4, mask=xm, other=0.0).to(tl.float32)
+                    x0 = _pq_x(x_ptr, xrow + k0 + xoff + 4 * j, xm, KX, SILU)
+                    x1 = _pq_x(x_ptr, xrow + k0 + xoff + 4 * j + 4, xm, KX, SILU)
                     if j < 4:
                         sw = words << (15 - 4 * j)
                     else:
@@ -639,7 +656,7 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
                 p -= 15.0 * xe
             else:
                 for j in tl.static_range(E):
-                    xj = tl.load(xrow + k0 + xoff + 4 * j, mask=xm, other=0.0).to(tl.float32)
+                    xj = _pq_x(x_ptr, xrow + k0 + xoff + 4 * j, xm, KX, SILU)
                     p += _pq_field(words, hi, j, QT, one)[:, None] * xj
                     xs += xj
             acc += A[:, None] * tl.sum(p, axis=3) + B[:, None] * tl.sum(xs, axis=3)
@@ -895,11 +912,14 @@ def _pq_gemv_config_cached(T, N, K, qtype, device):
     return dict(BLOCK_N=block_n, num_warps=warps, SPLIT=split, PREFETCH=prefetch)
 
 
-def packed_matmul(x, pw, **cfg):
-    """x [T, K] @ dequant(pw)^T -> [T, N] for a PackedQuant pw (GEMV for T <= 16)."""
-    T, K = x.shape
+def packed_matmul(x, pw, *, silu=False, **cfg):
+    """x [T, K] @ dequant(pw)^T -> [T, N] for a PackedQuant pw (GEMV for T <= 16).
+    silu: x is [T, 2K] = [gate | up] and the product is with silu(gate) * up (applied on load
+    by the GEMV; other paths run the silu-mul first)."""
+    T = x.shape[0]
+    K = pw.shape[1]
     N = pw.shape[0]
-    assert x.stride(1) == 1 and K == pw.shape[1] and K % 256 == 0
+    assert x.stride(1) == 1 and x.shape[1] == (2 * K if silu else K) and K % 256 == 0
     qt = pw.qtype
     QT, E = PQ_QTYPES[qt], PQ_E[qt]
     qs, qh, a, b = _pq_args(pw)
@@ -910,6 +930,10 @@ def packed_matmul(x, pw, **cfg):
     if dot is None:  # tensor cores for a few rows (not on ROCm: gfx906 has no matrix cores)
         dot = (T >= 2 and x.dtype == torch.float16 and x.device.type == "cuda"
                and not is_rocm())
+    if silu and (T > 16 or dot):
+        from .. import ops
+
+        return packed_matmul(ops.silu_and_mul(x), pw, DOT=dot, **cfg)
     if T <= 16 and not dot:
         c = _pq_gemv_config(T, N, K, qt, x.device)
         c.update(cfg)
@@ -931,7 +955,7 @@ def packed_matmul(x, pw, **cfg):
             x, qs, qh, a, b, dst, N, T, KW, x.stride(0), qs.stride(0), qh.stride(0),
             a.stride(0), b.stride(0), dst.stride(-2), so_split, kw_len, 0x3F800000,
             QT=QT, E=E, H=H, BLOCK_N=BN, BLOCK_T=bt, EVEN=even, PREFETCH=prefetch,
-            PAIRS=c.get("PAIRS", True), num_warps=warps)
+            PAIRS=c.get("PAIRS", True), SILU=silu, num_warps=warps)
         if split > 1:
             torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
         return out

@@ -92,3 +92,21 @@ def test_fused_real_shapes(T):
     w = randn(4096, 4096, dtype=torch.float16, gen=g, scale=4096 ** -0.5)
     assert_close(registry.call_triton("gated_norm_linear", o, z, nw, 1e-6, w),
                  registry.call_reference("gated_norm_linear", o, z, nw, 1e-6, w))
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("T", [1, 3])
+def test_silu_mul_packed_gemv(qtype, T):
+    """Repacked GGUF weights: the dequant-GEMV applies silu-mul on its activation loads."""
+    from g906.kernels.linear import repack
+
+    from .test_linear_packed import qweight
+
+    g = torch.Generator().manual_seed(T + 31)
+    w = qweight(6, 512, qtype, 5)
+    p = repack.pack(w.data, qtype, w.shape)
+    x = randn(T, 1024, gen=g)
+    ref = registry.call_reference("silu_mul_linear", x, w)
+    assert_close(registry.call_triton("silu_mul_linear", x, p), ref)
+    # the tensor-core tile path has no fused form: silu-mul first, same result
+    assert_close(linear_kernel.packed_matmul(x, p, silu=True, DOT=True), ref)
