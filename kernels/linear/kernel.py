@@ -327,9 +327,27 @@ def dense_gemv(x, weight, *, prologue=None, **cfg):
     return out
 
 
+# A fused op is recomputed by every program for its whole K range: programs x K x T elements,
+# each an exp and a reciprocal (the SFU: 16 per clock per SM on the H200). Measured there
+# (engine profile, decode): 0.8B's down and output projections (0.9-1.8M elements) run faster
+# fused than as two kernels; 9B's (2.1-12.6M) lose 4-7 us per call, more than the separate
+# kernel's 2-3 us. Above this many the two ops run separately.
+FUSED_RECOMPUTE_MAX = 2_000_000
+
+
 def _gemv_fusable(x, weight) -> bool:
-    return (isinstance(weight, torch.Tensor) and 0 < x.shape[0] <= 16 and x.dim() == 2
-            and weight.dtype == x.dtype and weight.stride(1) == 1)
+    if not (isinstance(weight, torch.Tensor) and 0 < x.shape[0] <= 16 and x.dim() == 2
+            and weight.dtype == x.dtype and weight.stride(1) == 1):
+        return False
+    N, K = weight.shape
+    c = _gemv_config(x.shape[0], N, K, x.device, x.dtype)
+    return triton.cdiv(N, c["BLOCK_N"]) * K * x.shape[0] <= FUSED_RECOMPUTE_MAX
+
+
+def _packed_silu_pays(x, pw) -> bool:
+    N, K = pw.shape
+    c = _pq_gemv_config(x.shape[0], N, K, pw.qtype, x.device)
+    return triton.cdiv(N, c["BLOCK_N"]) * K * x.shape[0] <= FUSED_RECOMPUTE_MAX
 
 
 def silu_mul_linear(x, weight):
@@ -337,9 +355,9 @@ def silu_mul_linear(x, weight):
     else the two ops as the registry picks them."""
     if _gemv_fusable(x, weight) and x.stride(1) == 1:
         return dense_gemv(x, weight, prologue=("silu_mul",))
-    if (getattr(weight, "planes", None) is not None and x.stride(1) == 1
-            and x.dtype in (torch.float16, torch.float32)):    # PackedQuant: its GEMV fuses it
-        return packed_matmul(x, weight, silu=True)
+    if (getattr(weight, "planes", None) is not None and x.stride(1) == 1 and x.shape[0] <= 16
+            and x.dtype in (torch.float16, torch.float32) and _packed_silu_pays(x, weight)):
+        return packed_matmul(x, weight, silu=True)    # PackedQuant: its GEMV fuses it
     from .. import ops
 
     return ops.linear(ops.silu_and_mul(x), weight)
