@@ -53,21 +53,24 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, st_
     kmask = kk < DK
     vv = vb * BLOCK_V + tl.arange(0, BLOCK_V)
     vmask = vv < DV
+    # every load first, the state (behind its slot) leading: in the compiled code each load
+    # placed after a reduction waited for it, one memory round trip after another
+    slot = tl.load(slot_ptr + bi).to(tl.int64)
+    sp = st_ptr + slot * ss_s + h * ss_h + kk[:, None] * ss_k + vv[None, :]
+    m2 = kmask[:, None] & vmask[None, :]
+    S = tl.load(sp, mask=m2, other=0.0)
     q = tl.load(q_ptr + b64 * sq_b + kh * sq_h + kk, mask=kmask, other=0.0).to(tl.float32)
     k = tl.load(k_ptr + b64 * sk_b + kh * sk_h + kk, mask=kmask, other=0.0).to(tl.float32)
-    q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * q_scale
-    k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
+    v = tl.load(v_ptr + b64 * sv_b + h * sv_h + vv, mask=vmask, other=0.0).to(tl.float32)
     a = tl.load(a_ptr + b64 * sa_b + h).to(tl.float32)
     bb = tl.load(b_ptr + b64 * sb_b + h).to(tl.float32)
     A = tl.load(alog_ptr + h).to(tl.float32)
     dtb = tl.load(dtb_ptr + h).to(tl.float32)
+    q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * q_scale
+    k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
     decay = tl.exp(-tl.exp(A) * _softplus(a + dtb))
     beta = 1.0 / (1.0 + tl.exp(-bb))
-    v = tl.load(v_ptr + b64 * sv_b + h * sv_h + vv, mask=vmask, other=0.0).to(tl.float32)
-    slot = tl.load(slot_ptr + bi).to(tl.int64)
-    sp = st_ptr + slot * ss_s + h * ss_h + kk[:, None] * ss_k + vv[None, :]
-    m2 = kmask[:, None] & vmask[None, :]
-    S = tl.load(sp, mask=m2, other=0.0) * decay
+    S = S * decay
     kv = tl.sum(S * k[:, None], axis=0)
     delta = (v - kv) * beta
     S = S + k[:, None] * delta[None, :]
