@@ -300,6 +300,13 @@ def bench_decode_attention(quick):
                     if res:
                         ms = min(ms, res[0][0])
                         best = f"best (block_n, warps, per_sm)={res[0][1]}"
+                if B == 1 and ctx <= 8192:   # short contexts: the slice length per program
+                    res = []
+                    for ms_len in (64, 128, 256):
+                        res.append((bench_graph(lambda: registry.call_triton(
+                            "paged_decode_attention", q, kc, vc, tables, sl, scale, gate=gate,
+                            min_split=ms_len)), ms_len))
+                    best += " min_split: " + ", ".join(f"{c} {t * 1e3:.1f} us" for t, c in res)
                 ms_ref = None
                 if B == 1 or not quick:
                     ms_ref = bench_plain(lambda: registry.call_reference(

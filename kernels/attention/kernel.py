@@ -123,7 +123,12 @@ def _decode_reduce_kernel(po_ptr, pl_ptr, gate_ptr, out_ptr, num_splits, Hq, sg_
     tl.store(out_ptr + b * so_b + h * so_h + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
 
 
-def _decode_config(q, k_cache, block_tables, num_kv, max_seq_len, block_n=None, per_sm=None):
+MIN_SPLIT = 256     # shortest context slice per decode program (each slice is a serial chain
+                    # of block-table lookups and K/V tile loads)
+
+
+def _decode_config(q, k_cache, block_tables, num_kv, max_seq_len, block_n=None, per_sm=None,
+                   min_split=None):
     B, Hq, D = q.shape
     G = Hq // num_kv
     use_dot = q.device.type == "cuda" and not is_rocm()
@@ -142,21 +147,22 @@ def _decode_config(q, k_cache, block_tables, num_kv, max_seq_len, block_n=None, 
     if per_sm is None:  # H200 sweep: long contexts like more, shorter splits
         per_sm = 8 if max_ctx >= 16384 else 4
     target = per_sm * num_sms(q.device)
-    splits = max(1, min(triton.cdiv(target, B * num_kv), triton.cdiv(max_ctx, 256)))
+    splits = max(1, min(triton.cdiv(target, B * num_kv), triton.cdiv(max_ctx, min_split or MIN_SPLIT)))
     split_len = triton.cdiv(triton.cdiv(max_ctx, splits), BLOCK_N) * BLOCK_N
     splits = triton.cdiv(max_ctx, split_len)
     return G, BLOCK_G, BLOCK_N, splits, split_len, use_dot
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None,
-                           max_seq_len=None, num_splits=None, block_n=None, num_warps=4, per_sm=None):
+                           max_seq_len=None, num_splits=None, block_n=None, num_warps=4, per_sm=None,
+                           min_split=None):
     B, Hq, D = q.shape
     num_kv = k_cache.shape[2]
     out = empty_like(q)
     if B == 0:
         return out
     G, BLOCK_G, BLOCK_N, splits, split_len, use_dot = _decode_config(
-        q, k_cache, block_tables, num_kv, max_seq_len, block_n, per_sm)
+        q, k_cache, block_tables, num_kv, max_seq_len, block_n, per_sm, min_split)
     if num_splits is not None:  # explicit override (tests / tuning)
         max_ctx = block_tables.shape[1] * k_cache.shape[1]
         split_len = triton.cdiv(triton.cdiv(max_ctx, num_splits), BLOCK_N) * BLOCK_N
