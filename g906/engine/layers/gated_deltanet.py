@@ -108,6 +108,6 @@ class GatedDeltaNet(WeightHolder):
                 q, k, v, a, b, self.A_log, self.dt_bias, ssm_state, slots, v_head_order=self.head_order
             )
         # z stays a [t, Hv, Dv] view of the projection output (the norm reads it in place);
-        # norm and projection are one kernel in decode
+        # norm and projection are one kernel in decode where that pays (docs/kernels.md)
         return self.out_proj.forward_gated_norm(o, z.view(t, self.num_v_heads, self.head_v_dim),
                                                 self.norm)

@@ -45,7 +45,8 @@ class Linear(WeightHolder):
         return self.finish(ops.linear(x, self.weight))
 
     def forward_silu_mul(self, x: torch.Tensor) -> torch.Tensor:
-        """self(silu(x[:, :I]) * x[:, I:]), one kernel in decode where the weight is dense."""
+        """self(silu(x[:, :I]) * x[:, I:]): one GEMV kernel in decode where that pays
+        (docs/kernels.md, silu_mul_linear)."""
         return self.finish(ops.silu_mul_linear(x, self.weight))
 
     def forward_gated_norm(self, o: torch.Tensor, z: torch.Tensor, norm) -> torch.Tensor:
