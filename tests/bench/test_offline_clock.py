@@ -12,6 +12,8 @@ def test_ttft_excludes_waiting_for_a_free_place():
     eng = make_engine(lm, wl)
     res = run_offline(eng, wl)
     per_request = res["duration_s"] / 4
-    # timed from t=0, the last request's TTFT would be ~3/4 of the run
-    assert res["ttft_ms"]["p99"] / 1e3 < per_request / 2
+    # timed from t=0, the last request's TTFT would be ~3/4 of the run (3 x per_request); timed
+    # from its sending, any TTFT is a part of one request's time. The bound sits between the two
+    # with room for a slow first prefill on a loaded machine (half a request missed it on CI)
+    assert res["ttft_ms"]["p99"] / 1e3 < 1.5 * per_request
     assert res["completed"] == 4
