@@ -160,8 +160,8 @@ def _decode_config(q, k_cache, block_tables, num_kv, max_seq_len, block_n=None, 
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None,
-                           max_seq_len=None, num_splits=None, block_n=None, num_warps=4, per_sm=None,
-                           min_split=None):
+                           max_seq_len=None, num_splits=None, block_n=None, num_warps=4,
+                           per_sm=None, min_split=None):
     B, Hq, D = q.shape
     num_kv = k_cache.shape[2]
     out = empty_like(q)

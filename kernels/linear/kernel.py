@@ -335,19 +335,23 @@ def dense_gemv(x, weight, *, prologue=None, **cfg):
 FUSED_RECOMPUTE_MAX = 2_000_000
 
 
+def _recompute_ok(T, N, K, block_n) -> bool:
+    return triton.cdiv(N, block_n) * K * T <= FUSED_RECOMPUTE_MAX
+
+
 def _gemv_fusable(x, weight) -> bool:
     if not (isinstance(weight, torch.Tensor) and 0 < x.shape[0] <= 16 and x.dim() == 2
             and weight.dtype == x.dtype and weight.stride(1) == 1):
         return False
     N, K = weight.shape
     c = _gemv_config(x.shape[0], N, K, x.device, x.dtype)
-    return triton.cdiv(N, c["BLOCK_N"]) * K * x.shape[0] <= FUSED_RECOMPUTE_MAX
+    return _recompute_ok(x.shape[0], N, K, c["BLOCK_N"])
 
 
 def _packed_silu_pays(x, pw) -> bool:
     N, K = pw.shape
     c = _pq_gemv_config(x.shape[0], N, K, pw.qtype, x.device)
-    return triton.cdiv(N, c["BLOCK_N"]) * K * x.shape[0] <= FUSED_RECOMPUTE_MAX
+    return _recompute_ok(x.shape[0], N, K, c["BLOCK_N"])
 
 
 def silu_mul_linear(x, weight):
@@ -900,25 +904,21 @@ def _pq_gemv_config_cached(T, N, K, qtype, device):
     # one iteration covers 4 * threads words: fewer warps where that would leave a masked
     # tail (27B: K = 5120, 17408 are 5 and 17 times 1024 elements)
     fit = next((w for w in (4, 2, 1) if kw % (4 * ws * w) == 0), 4)
-    if is_rocm():
+    rocm = is_rocm()
+    if rocm:
         block_n = max(1, {1: 4, 2: 2}.get(bt, 1) // (2 if wide else 1))
-        warps = fit
+    elif bt == 1:
+        block_n = 4 if qtype == "Q8_0" or wide else 8
     else:
-        block_n = {1: 8, 2: 8, 4: 4, 8: 2}.get(bt, 1)
-        if bt == 1:
-            block_n = 4 if qtype in ("Q8_0",) or wide else 8
-        elif wide:
-            block_n = max(1, block_n // 2)
-        block_n = min(block_n, next_pow2(N))
-        if bt == 1 and wide:
-            warps = 2
-        elif bt == 1:
-            want = 24 * num_sms(device) / triton.cdiv(N, block_n)
-            warps = 1 << max(0, min(2, round(math.log2(max(want, 1.0)))))
-        else:
-            warps = 4
-        warps = min(warps, fit)
+        block_n = max(1, {2: 8, 4: 4, 8: 2}.get(bt, 1) // (2 if wide else 1))
     block_n = min(block_n, next_pow2(N))
+    if rocm or bt > 1:
+        warps = fit
+    elif wide:
+        warps = min(2, fit)
+    else:
+        want = 24 * num_sms(device) / triton.cdiv(N, block_n)
+        warps = min(fit, 1 << max(0, min(2, round(math.log2(max(want, 1.0))))))
     progs = triton.cdiv(N, block_n)
     want = 4 * num_sms(device)
     split = 1
@@ -926,7 +926,7 @@ def _pq_gemv_config_cached(T, N, K, qtype, device):
            and (kw // (split * 2)) % (4 * ws * warps) == 0 and kw // (split * 2) >= 1024):
         split *= 2
     # prefetching the next words paid only for Q8_0 at 4 warps (H200 sweep; it costs registers)
-    prefetch = qtype == "Q8_0" and warps == 4 and not is_rocm()
+    prefetch = qtype == "Q8_0" and warps == 4 and not rocm
     return dict(BLOCK_N=block_n, num_warps=warps, SPLIT=split, PREFETCH=prefetch)
 
 
