@@ -74,8 +74,8 @@ registry.register("gated_delta_rule_prefill", _gdn.gated_delta_rule_prefill,
                   lambda q, k, v, a, b, *r, **kw: _ok(q, k, v) and r[3].dtype == torch.float32
                   and _last_contig(q, k, v, a, b) and k.shape[-1] <= 256)
 registry.register("linear", _lin.linear, "linear.kernel:linear", _linear_supports)
-# fused into the decode GEMV where the weight is dense; otherwise the Triton side runs the two
-# ops through the registry, each in its own range
+# fused into the decode GEMV where its recompute is cheap (linear.kernel: FUSED_RECOMPUTE_MAX);
+# otherwise the Triton side runs the two ops through the registry, each in its own range
 registry.register("silu_mul_linear", _lin.silu_mul_linear, "linear.kernel:silu_mul_linear",
                   lambda x, w: x.dim() == 2 and _ok(x))
 registry.register("gated_norm_linear", _lin.gated_norm_linear, "linear.kernel:gated_norm_linear",

@@ -208,6 +208,15 @@ def _qgemm_kernel(x_ptr, w_ptr, out_ptr, M, N, sx_t, sw_n, so_t, n_steps,
 
 
 @triton.jit
+def _load_silu_mul(x_ptr, p, m, K):
+    """silu(x[p]) * x[p + K] (rows hold [gate | up], K apart), fp32 math rounded to x's dtype like
+    the silu-mul kernel's output: the MLP's down projection fed without that kernel."""
+    g = tl.load(p, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(p + K, mask=m, other=0.0).to(tl.float32)
+    return (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty)
+
+
+@triton.jit
 def _gemv_input(x_ptr, xrow, ks, xm, K, z_ptr, nw_ptr, tt, sz_t, sz_h, eps,
                 PRO: tl.constexpr, G: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr):
     """The [BLOCK_T, BLOCK_K] activations at columns ks, after the op that fed them (fused here
@@ -217,9 +226,7 @@ def _gemv_input(x_ptr, xrow, ks, xm, K, z_ptr, nw_ptr, tt, sz_t, sz_h, eps,
     silu(z), z [T, K / G, G] with strides (sz_t, sz_h, 1). fp32 math, rounded to x's dtype
     like the separate kernels' outputs."""
     if PRO == 1:
-        g = tl.load(xrow + ks[None, :], mask=xm, other=0.0).to(tl.float32)
-        u = tl.load(xrow + K + ks[None, :], mask=xm, other=0.0).to(tl.float32)
-        return (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty)
+        return _load_silu_mul(x_ptr, xrow + ks[None, :], xm, K)
     if PRO == 2:
         o = tl.reshape(tl.load(xrow + ks[None, :], mask=xm, other=0.0).to(tl.float32),
                        (BLOCK_T, BLOCK_K // G, G))
@@ -549,12 +556,9 @@ def _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT: tl.constexpr, HALF: tl.cons
 
 @triton.jit
 def _pq_x(x_ptr, p, xm, KX, SILU: tl.constexpr):
-    """Activations for the packed GEMV as fp32; SILU: silu(x[k]) * x[KX + k] rounded to x's dtype
-    (rows hold [gate | up]; the MLP's down projection without a silu-mul kernel)."""
+    """Activations for the packed GEMV as fp32; SILU: silu(x[k]) * x[KX + k] (_load_silu_mul)."""
     if SILU:
-        g = tl.load(p, mask=xm, other=0.0).to(tl.float32)
-        u = tl.load(p + KX, mask=xm, other=0.0).to(tl.float32)
-        return (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
+        return _load_silu_mul(x_ptr, p, xm, KX).to(tl.float32)
     return tl.load(p, mask=xm, other=0.0).to(tl.float32)
 
 
