@@ -190,5 +190,5 @@ def test_packed_to_dense_and_the_prefill_path(qtype, monkeypatch):
     monkeypatch.setattr(kernel, "DEQUANT_ROWS", 8)
     for chunk in (1 << 25, 8 * K):                                # one block; 5 blocks of 8 rows
         monkeypatch.setattr(kernel, "DEQUANT_CHUNK", chunk)
-        out = torch.empty((24, N), dtype=torch.float16)
+        out = torch.empty((24, N), dtype=torch.float16, device=DEVICE)
         assert_close(kernel._pq_dequant_matmul(x, p, out), ref)
