@@ -197,10 +197,13 @@ class DecodeGraphs:
         self._fill_padding(0)
         self._upload(self.max_batch, self.width)
         torch.cuda.synchronize(self.device)
+        from g906.kernels.pdl import graph_launches
+
         pool = None
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
+        # graph_launches: the kernels may start while their predecessor ends (kernels/pdl.py)
+        with torch.cuda.stream(stream), graph_launches():
             for bs in reversed(self.batch_sizes):
                 self._forward(bs)              # compile / warm the kernels of this shape
                 stream.synchronize()

@@ -6,10 +6,13 @@ import triton
 import triton.language as tl
 
 from .._triton_util import empty
+from ..pdl import pdl_args, pdl_start
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, I, stride_x, stride_o, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, I, stride_x, stride_o, BLOCK: tl.constexpr,
+                         PDL: tl.constexpr = False):
+    pdl_start(PDL)
     t = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < I
@@ -31,5 +34,5 @@ def silu_and_mul(x):
         return out.view(*shape[:-1], I)
     BLOCK = 1024
     _silu_and_mul_kernel[(T, triton.cdiv(I, BLOCK))](x2, out, I, x2.stride(0), out.stride(0),
-                                                    BLOCK=BLOCK, num_warps=4)
+                                                    BLOCK=BLOCK, num_warps=4, **pdl_args(x.device))
     return out.view(*shape[:-1], I)

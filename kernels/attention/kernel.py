@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from .._triton_util import is_rocm, next_pow2, num_sms, empty, empty_like
+from ..pdl import pdl_args, pdl_start
 
 LOG2E = 1.4426950408889634
 
@@ -35,7 +36,8 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, gate_ptr, out_ptr, po_
                    sg_b, sg_h, so_b, so_h, block_size, split_len, num_splits,
                    G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, HAS_GATE: tl.constexpr,
-                   USE_DOT: tl.constexpr, FP32: tl.constexpr):
+                   USE_DOT: tl.constexpr, FP32: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_start(PDL)
     b = tl.program_id(0)
     kh = tl.program_id(1)
     sp = tl.program_id(2)
@@ -103,7 +105,8 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, gate_ptr, out_ptr, po_
 @triton.jit
 def _decode_reduce_kernel(po_ptr, pl_ptr, gate_ptr, out_ptr, num_splits, Hq, sg_b, sg_h, so_b,
                           so_h, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
-                          HAS_GATE: tl.constexpr):
+                          HAS_GATE: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_start(PDL)
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
@@ -188,12 +191,12 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, *
         g.stride(0), g.stride(1), out.stride(0), out.stride(1), k_cache.shape[1], split_len, splits,
         G=G, BLOCK_G=BLOCK_G, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DIRECT=direct,
         HAS_GATE=gate is not None, USE_DOT=use_dot, FP32=q.dtype == torch.float32,
-        num_warps=num_warps)
+        num_warps=num_warps, **pdl_args(q.device))
     if not direct:
         _decode_reduce_kernel[(B, Hq)](
             po, pl, g, out, splits, Hq, g.stride(0), g.stride(1), out.stride(0), out.stride(1),
             D=D, BLOCK_D=BLOCK_D, BLOCK_S=next_pow2(splits), HAS_GATE=gate is not None,
-            num_warps=4)
+            num_warps=4, **pdl_args(q.device))
     return out
 
 

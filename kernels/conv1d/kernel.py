@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from .._triton_util import empty, empty_like, next_pow2, step_memo
+from ..pdl import pdl_args, pdl_start
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -100,10 +101,11 @@ def causal_conv1d_prefill(x, weight, cu_seqlens, conv_states, state_slots, has_i
 
 @triton.jit
 def _conv_decode_kernel(x_ptr, w_ptr, st_ptr, slot_ptr, out_ptr, C, sx_b, so_b, sw_c, ss_s, ss_c,
-                        K: tl.constexpr, BLOCK_C: tl.constexpr):
+                        K: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False):
     """One step per (sequence, channel block). The K-1 saved inputs are loaded tap by tap as
     [BLOCK_C] vectors of one layout, so the thread that reads a channel's taps is the one that
     writes them back shifted: one memory round trip, no barrier between reads and writes."""
+    pdl_start(PDL)
     b = tl.program_id(0)
     cc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cc < C
@@ -133,5 +135,6 @@ def causal_conv1d_decode(x, weight, conv_states, state_slots):
     BLOCK_C = 256
     _conv_decode_kernel[(B, triton.cdiv(C, BLOCK_C))](
         x, weight, conv_states, state_slots, out, C, x.stride(0), out.stride(0), weight.stride(0),
-        conv_states.stride(0), conv_states.stride(1), K=K, BLOCK_C=BLOCK_C, num_warps=4)
+        conv_states.stride(0), conv_states.stride(1), K=K, BLOCK_C=BLOCK_C, num_warps=4,
+        **pdl_args(x.device))
     return out

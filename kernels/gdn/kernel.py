@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from .._triton_util import empty, is_rocm, next_pow2, num_sms, step_memo
+from ..pdl import pdl_args, pdl_start
 
 
 @triton.jit
@@ -43,7 +44,9 @@ def _softplus(x):
 def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, st_ptr, slot_ptr,
                        o_ptr, Hk, Hv, DK, DV, sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sa_b, sb_b,
                        ss_s, ss_h, ss_k, so_b, so_h, q_scale,
-                       GROUPED: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
+                       GROUPED: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+                       PDL: tl.constexpr = False):
+    pdl_start(PDL)
     bi = tl.program_id(0)
     h = tl.program_id(1)
     vb = tl.program_id(2)
@@ -97,7 +100,8 @@ def gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slo
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         a.stride(0), b.stride(0), ssm_states.stride(0), ssm_states.stride(1),
         ssm_states.stride(2), o.stride(0), o.stride(1), DK ** -0.5,
-        GROUPED=v_head_order == "grouped", BLOCK_K=BLOCK_K, BLOCK_V=BLOCK_V, num_warps=num_warps)
+        GROUPED=v_head_order == "grouped", BLOCK_K=BLOCK_K, BLOCK_V=BLOCK_V, num_warps=num_warps,
+        **pdl_args(q.device))
     return o
 
 

@@ -6,12 +6,14 @@ import triton
 import triton.language as tl
 
 from .._triton_util import next_pow2
+from ..pdl import pdl_args, pdl_start
 
 
 @triton.jit
 def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, H, D, sk_t, sk_h, sv_t, sv_h,
                      sc_blk, sc_off, sc_h, svc_blk, svc_off, svc_h, block_size,
-                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_start(PDL)
     t = tl.program_id(0)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot < 0:
@@ -37,4 +39,4 @@ def store_kv(k, v, k_cache, v_cache, slot_mapping):
                            v.stride(0), v.stride(1), k_cache.stride(0), k_cache.stride(1),
                            k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
                            v_cache.stride(2), k_cache.shape[1], BLOCK_H=next_pow2(H),
-                           BLOCK_D=next_pow2(D), num_warps=4)
+                           BLOCK_D=next_pow2(D), num_warps=4, **pdl_args(k.device))

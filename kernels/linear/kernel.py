@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from .._triton_util import empty, is_rocm, next_pow2, num_sms
+from ..pdl import pdl_args, pdl_start
 
 QTYPES = {"Q8_0": 0, "Q4_0": 1, "Q4_K": 2, "Q5_K": 3, "Q6_K": 4}
 # bytes of one 256-element step for each type
@@ -243,7 +244,8 @@ def _gemv_input(x_ptr, xrow, ks, xm, K, z_ptr, nw_ptr, tt, sz_t, sz_h, eps,
 def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, T, sx_t, sw_n, so_t, z_ptr, nw_ptr, sz_t, sz_h, eps,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
                  USE_DOT: tl.constexpr, EVEN_K: tl.constexpr, PRO: tl.constexpr = 0,
-                 G: tl.constexpr = 1):
+                 G: tl.constexpr = 1, PDL: tl.constexpr = False):
+    pdl_start(PDL)
     pid = tl.program_id(0)
     nn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = nn < N
@@ -330,7 +332,8 @@ def dense_gemv(x, weight, *, prologue=None, **cfg):
     warps = c.pop("num_warps")
     _gemv_kernel[(triton.cdiv(N, c["BLOCK_N"]),)](
         x, weight, out, N, K, T, x.stride(0), weight.stride(0), out.stride(0), z, nw, sz_t, sz_h,
-        float(eps), EVEN_K=K % c["BLOCK_K"] == 0, PRO=pro, G=G, num_warps=warps, **c)
+        float(eps), EVEN_K=K % c["BLOCK_K"] == 0, PRO=pro, G=G, num_warps=warps, **c,
+        **pdl_args(x.device))
     return out
 
 
@@ -568,7 +571,7 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
                     QT: tl.constexpr, E: tl.constexpr, H: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr,
                     PREFETCH: tl.constexpr = False, PAIRS: tl.constexpr = True,
-                    SILU: tl.constexpr = False):
+                    SILU: tl.constexpr = False, PDL: tl.constexpr = False):
     """out[t, n] (or split-K partial pid_k) = x[t] . w[n] over words [pid_k * kw_len, +kw_len).
 
     H = threads per program. Tiles are [H, BLOCK_T, BLOCK_N, 4] with the vector axis first,
@@ -577,6 +580,7 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
     activations share one layout, and nothing crosses threads until after the loop.
     PREFETCH: the next iteration's words are loaded before this one is decoded (EVEN only).
     SILU: x rows hold [gate | up] (K apart), the GEMV runs on silu(gate) * up (_pq_x)."""
+    pdl_start(PDL)
     KX = KW * E
     EV: tl.constexpr = 4 * E
     pid_n = tl.program_id(0)
@@ -977,7 +981,7 @@ def packed_matmul(x, pw, *, silu=False, **cfg):
             x, qs, qh, a, b, dst, N, T, KW, x.stride(0), qs.stride(0), qh.stride(0),
             a.stride(0), b.stride(0), dst.stride(-2), so_split, kw_len, 0x3F800000,
             QT=QT, E=E, H=H, BLOCK_N=BN, BLOCK_T=bt, EVEN=even, PREFETCH=prefetch,
-            PAIRS=c.get("PAIRS", True), SILU=silu, num_warps=warps)
+            PAIRS=c.get("PAIRS", True), SILU=silu, num_warps=warps, **pdl_args(x.device))
         if split > 1:
             torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
         return out

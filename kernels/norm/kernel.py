@@ -6,12 +6,14 @@ import triton
 import triton.language as tl
 
 from .._triton_util import next_pow2, row_warps, empty
+from ..pdl import pdl_args, pdl_start
 
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, res_out_ptr, H, stride_x, stride_r,
                      stride_o, stride_ro, eps, HAS_RES: tl.constexpr, ZERO_CENTRED: tl.constexpr,
-                     BLOCK: tl.constexpr):
+                     BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_start(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
@@ -50,7 +52,7 @@ def rms_norm(x, weight, eps, *, residual=None, zero_centred=False):
         _rms_norm_kernel[(T,)](x2, r2, weight, out, res_out, H, x2.stride(0), r2.stride(0),
                                out.stride(0), res_out.stride(0), float(eps),
                                HAS_RES=residual is not None, ZERO_CENTRED=bool(zero_centred),
-                               BLOCK=BLOCK, num_warps=row_warps(BLOCK))
+                               BLOCK=BLOCK, num_warps=row_warps(BLOCK), **pdl_args(x.device))
     if residual is not None:
         return out.view(shape), res_out.view(shape)
     return out.view(shape)
@@ -58,9 +60,11 @@ def rms_norm(x, weight, eps, *, residual=None, zero_centred=False):
 
 @triton.jit(do_not_specialize=["N"])
 def _gated_rms_norm_kernel(x_ptr, z_ptr, w_ptr, out_ptr, N, D, stride_x, stride_z, stride_zh, ZH,
-                           stride_o, eps, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+                           stride_o, eps, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                           PDL: tl.constexpr = False):
     """Row r of z sits at (r // ZH) * stride_z + (r % ZH) * stride_zh: a [T, ZH, D] view of
     a wider projection output (the GDN's z) is read in place, without a copy."""
+    pdl_start(PDL)
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BLOCK_D)
@@ -100,5 +104,5 @@ def gated_rms_norm(x, z, weight, eps):
     BLOCK_N = max(1, min(16, 2048 // BLOCK_D))
     _gated_rms_norm_kernel[(triton.cdiv(N, BLOCK_N),)](
         x2, z2, weight, out, N, D, x2.stride(0), sz, szh, zh, out.stride(0), float(eps),
-        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, num_warps=4)
+        BLOCK_N=BLOCK_N, BLOCK_D=BLOCK_D, num_warps=4, **pdl_args(x.device))
     return out.view(shape)

@@ -6,11 +6,14 @@ import triton
 import triton.language as tl
 
 from .._triton_util import next_pow2
+from ..pdl import pdl_args, pdl_start
 
 
 @triton.jit
 def _rotary_kernel(q_ptr, k_ptr, pos_ptr, cs_ptr, Hq, Hk, sq_t, sq_h, sk_t, sk_h, s_cs,
-                   HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr):
+                   HALF: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr,
+                   PDL: tl.constexpr = False):
+    pdl_start(PDL)
     t = tl.program_id(0)
     pos = tl.load(pos_ptr + t).to(tl.int64)
     r = tl.arange(0, BLOCK_R)
@@ -44,5 +47,6 @@ def rotary_(q, k, positions, cos_sin_cache, rot_dim):
     half = rot_dim // 2
     _rotary_kernel[(T,)](q, k, positions, cos_sin_cache, Hq, Hk, q.stride(0), q.stride(1),
                          k.stride(0), k.stride(1), cos_sin_cache.stride(0), HALF=half,
-                         BLOCK_H=next_pow2(max(Hq, Hk)), BLOCK_R=next_pow2(half), num_warps=2)
+                         BLOCK_H=next_pow2(max(Hq, Hk)), BLOCK_R=next_pow2(half), num_warps=2,
+                         **pdl_args(q.device))
     return q, k
