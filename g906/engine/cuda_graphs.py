@@ -77,6 +77,7 @@ class DecodeGraphs:
         self.use_graphs = bool(use_graphs) and self.device.type == "cuda"
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.capture_seconds = 0.0
+        self.pdl = False                   # captured with programmatic dependent launch
         self.num_replays = 0
         self.num_eager = 0
         B, W = self.max_batch, self.width
@@ -197,13 +198,14 @@ class DecodeGraphs:
         self._fill_padding(0)
         self._upload(self.max_batch, self.width)
         torch.cuda.synchronize(self.device)
-        from g906.kernels.pdl import graph_launches
+        from g906.kernels.pdl import graph_launches, pdl_args
 
         pool = None
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         # graph_launches: the kernels may start while their predecessor ends (kernels/pdl.py)
         with torch.cuda.stream(stream), graph_launches():
+            self.pdl = bool(pdl_args(self.device))
             for bs in reversed(self.batch_sizes):
                 self._forward(bs)              # compile / warm the kernels of this shape
                 stream.synchronize()
@@ -249,7 +251,8 @@ class DecodeGraphs:
     def describe(self) -> dict:
         return {"graphs": self.use_graphs, "batch_sizes": self.batch_sizes if self.use_graphs else [],
                 "captured": sorted(self.graphs), "capture_seconds": round(self.capture_seconds, 3),
-                "replays": self.num_replays, "eager_steps": self.num_eager}
+                "replays": self.num_replays, "eager_steps": self.num_eager,
+                "programmatic_dependent_launch": self.pdl}
 
 
 def _multimodal(seq) -> bool:
