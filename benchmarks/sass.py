@@ -1,0 +1,115 @@
+"""Compile a decode GEMV for sm_90 without a GPU and print its registers and instruction mix.
+
+    python benchmarks/sass.py --qtype Q4_K --rows 8 --warps 4          # packed dequant-GEMV
+    python benchmarks/sass.py --qtype F16 --rows 8 --block-k 512       # dense fp16 GEMV
+    python benchmarks/sass.py --qtype Q8_0 --rows 4 --prefetch --json  # machine-readable
+
+Triton's own ptxas and nvdisasm (shipped in its wheel) turn the kernel into SASS, so this
+runs on any machine: it is how the instruction counts in docs/PERF.md were read (a kernel at
+~50% of the copy rate that issues ~4 instructions per weight is bound by issue, not memory).
+The pointers and strides are declared 16-byte aligned, as the engine's tensors are.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+# arguments the engine always passes 16-byte aligned / divisible by 16
+ALIGNED = {"sq", "sh", "sa", "sb", "KW", "kw_len", "K", "sw_n", "sx_t", "so_t"}
+PLANE_TYPES = {"Q8_0": ("*fp16", "*fp16"), "Q4_0": ("*fp16", "*fp16"), "Q4_K": ("*i32", "*i16"),
+               "Q5_K": ("*i32", "*i16"), "Q6_K": ("*i8", "*fp16")}
+
+
+def _kernel_and_signature(args):
+    from g906.kernels.linear import kernel as K
+
+    if args.qtype == "F16":
+        fn = K._gemv_kernel
+        ptrs = {"x_ptr": "*fp16", "w_ptr": "*fp16", "out_ptr": "*fp16", "z_ptr": "*fp16",
+                "nw_ptr": "*fp16"}
+        const = dict(BLOCK_N=args.rows, BLOCK_K=args.block_k, BLOCK_T=1, USE_DOT=False,
+                     EVEN_K=True, PRO=0, G=1, PDL=args.pdl)
+        floats = {"eps"}
+    else:
+        fn = K._pq_gemv_kernel
+        a_t, b_t = PLANE_TYPES[args.qtype]
+        ptrs = {"x_ptr": "*fp16", "qs_ptr": "*i32", "qh_ptr": "*i32", "out_ptr": "*fp16",
+                "a_ptr": a_t, "b_ptr": b_t}
+        const = dict(QT=K.PQ_QTYPES[args.qtype], E=K.PQ_E[args.qtype], H=32 * args.warps,
+                     BLOCK_N=args.rows, BLOCK_T=1, EVEN=True, PREFETCH=args.prefetch,
+                     PAIRS=not args.no_pairs, SILU=False, PDL=args.pdl)
+        floats = set()
+    names = list(fn.arg_names)
+    sig = {a: ptrs.get(a, "constexpr" if a in const else ("fp32" if a in floats else "i32"))
+           for a in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names)
+             if a in ptrs or a in ALIGNED}
+    return fn, sig, {k: v for k, v in const.items() if k in names}, attrs
+
+
+def analyse(args) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn, sig, const, attrs = _kernel_and_signature(args)
+    src = ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": args.warps})
+    bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.TemporaryDirectory() as d:
+        cubin, ptx = os.path.join(d, "k.cubin"), os.path.join(d, "k.ptx")
+        with open(cubin, "wb") as f:
+            f.write(ck.asm["cubin"])
+        with open(ptx, "w") as f:
+            f.write(ck.asm["ptx"])
+        sass = subprocess.run([os.path.join(bindir, "nvdisasm"), "-c", cubin],
+                              capture_output=True, text=True, check=True).stdout
+        info = subprocess.run([os.path.join(bindir, "ptxas"), "-v", "--gpu-name=sm_90a", ptx,
+                               "-o", os.devnull], capture_output=True, text=True, check=True).stderr
+    regs = re.search(r"Used (\d+) registers", info)
+    spills = re.search(r"(\d+) bytes spill stores", info)
+    ops = collections.Counter()
+    for line in sass.splitlines():
+        m = re.search(r"/\*[0-9a-f]{4}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line)
+        if m:
+            ops[m.group(2).split(".")[0]] += 1
+    return {"kernel": fn.__name__, "qtype": args.qtype, "rows": args.rows, "warps": args.warps,
+            "registers": int(regs.group(1)) if regs else None,
+            "spill_bytes": int(spills.group(1)) if spills else 0,
+            "instructions": sum(ops.values()), "mix": dict(ops.most_common())}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--qtype", default="Q4_K", choices=["F16", *PLANE_TYPES])
+    ap.add_argument("--rows", type=int, default=8, help="BLOCK_N")
+    ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--block-k", type=int, default=512, help="F16 only")
+    ap.add_argument("--prefetch", action="store_true", help="packed: PREFETCH")
+    ap.add_argument("--no-pairs", action="store_true", help="packed 4-bit: fields one at a time")
+    ap.add_argument("--pdl", action="store_true", help="compile the PDL variant")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    os.environ.pop("TRITON_INTERPRET", None)
+    res = analyse(args)
+    if args.json:
+        print(json.dumps(res))
+        return 0
+    print(f"{res['kernel']} {res['qtype']} rows={res['rows']} warps={res['warps']}: "
+          f"{res['registers']} registers, {res['spill_bytes']} bytes spilled, "
+          f"{res['instructions']} instructions")
+    print("  " + ", ".join(f"{k} {v}" for k, v in list(res["mix"].items())[:16]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
