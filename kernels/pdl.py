@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._triton_util import is_rocm
+
 
 @triton.jit
 def pdl_start(PDL: tl.constexpr):
@@ -53,7 +55,7 @@ def pdl_args(device: torch.device) -> dict:
     `graph_launches()`, i.e. for the decode graphs, whose small kernels it is for. Launched
     eagerly it gains nothing (the host is the bottleneck there), and a per-launch check of the
     stream's capture state cost the host-bound 512-token prefill half its speed on the H200."""
-    if (not _IN_GRAPHS or device.type != "cuda" or torch.version.hip is not None
+    if (not _IN_GRAPHS or device.type != "cuda" or is_rocm()
             or os.environ.get("G906_PDL", "1") == "0"):
         return {}
     if not _pdl_ok(device.index if device.index is not None else torch.cuda.current_device()):
