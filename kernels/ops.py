@@ -8,6 +8,8 @@ See docs/kernels.md for shapes and conventions.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from . import registry
@@ -77,9 +79,9 @@ registry.register("linear", _lin.linear, "linear.kernel:linear", _linear_support
 # fused into the decode GEMV where its recompute is cheap (linear.kernel: FUSED_RECOMPUTE_MAX);
 # otherwise the Triton side runs the two ops through the registry, each in its own range
 registry.register("silu_mul_linear", _lin.silu_mul_linear, "linear.kernel:silu_mul_linear",
-                  lambda x, w: x.dim() == 2 and _ok(x))
+                  lambda x, w, **_: x.dim() == 2 and _ok(x))
 registry.register("gated_norm_linear", _lin.gated_norm_linear, "linear.kernel:gated_norm_linear",
-                  lambda o, z, nw, eps, w: o.dim() == 3 and _ok(o, z))
+                  lambda o, z, nw, eps, w, **_: o.dim() == 3 and _ok(o, z))
 
 
 def rms_norm(x, weight, eps, *, residual=None, zero_centred=False):
@@ -94,15 +96,21 @@ def gated_rms_norm(x, z, weight, eps):
     return registry.dispatch("gated_rms_norm", x, z, weight, eps)
 
 
-def silu_mul_linear(x, weight):
-    """linear(silu_and_mul(x), weight): the MLP's down projection of x [T, 2I] = [gate | up]."""
-    return registry.dispatch("silu_mul_linear", x, weight)
+def silu_mul_linear(x, weight, *, add_norm=None):
+    """linear(silu_and_mul(x), weight): the MLP's down projection of x [T, 2I] = [gate | up].
+    add_norm: as linear's."""
+    if add_norm is None:
+        return registry.dispatch("silu_mul_linear", x, weight)
+    return registry.dispatch("silu_mul_linear", x, weight, add_norm=add_norm)
 
 
-def gated_norm_linear(o, z, norm_weight, eps, weight):
+def gated_norm_linear(o, z, norm_weight, eps, weight, *, add_norm=None):
     """linear(gated_rms_norm(o, z, norm_weight, eps) as [T, H * D], weight): the linear
-    attention's output projection of its per-head normed, gated output o, z [T, H, D]."""
-    return registry.dispatch("gated_norm_linear", o, z, norm_weight, eps, weight)
+    attention's output projection of its per-head normed, gated output o, z [T, H, D].
+    add_norm: as linear's."""
+    if add_norm is None:
+        return registry.dispatch("gated_norm_linear", o, z, norm_weight, eps, weight)
+    return registry.dispatch("gated_norm_linear", o, z, norm_weight, eps, weight, add_norm=add_norm)
 
 
 def rotary_(q, k, positions, cos_sin_cache, rot_dim):
@@ -164,10 +172,31 @@ def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, cu_seqlens, ssm_stat
                              v_head_order=v_head_order, chunk_size=chunk_size)
 
 
-def linear(x, weight):
+def linear(x, weight, *, add_norm=None, rms_of=None):
     """x [T, in] @ weight^T: weight dense [out, in], a QuantizedTensor (GGUF blocks) or the
-    PackedQuant that prepare_linear_weight made of one."""
-    return registry.dispatch("linear", x, weight)
+    PackedQuant that prepare_linear_weight made of one.
+
+    The RMSNorm between two projections can ride on them (kernels/linear/residual_norm.py):
+    add_norm = (residual, norm_weight, zero_centred) returns (h, hn, ss): h = y + residual, hn =
+    h * norm_weight, ss [T, P] partial sums of h * h; rms_of = (ss, eps) multiplies x (such an
+    hn) by 1 / rms(h) per row first.
+    Exact definitions: kernels/linear/reference.py (add_norm_out, rms_in)."""
+    if add_norm is None and rms_of is None:
+        return registry.dispatch("linear", x, weight)
+    return registry.dispatch("linear", x, weight, add_norm=add_norm, rms_of=rms_of)
+
+
+def linear_fuses_norm(x, weight) -> bool:
+    """Whether linear(x, weight) (and its silu / gated-norm forms) computes add_norm and
+    rms_of inside its GEMV: a Triton GEMV at decode sizes. Elsewhere they cost extra ops, and
+    the separate RMSNorm is the better plan. G906_SPLIT_NORM=0: never (the A/B switch)."""
+    if not 0 < x.shape[0] <= 16 or os.environ.get("G906_SPLIT_NORM", "1") == "0":
+        return False
+    if registry.choose("linear", x, weight) != "triton":
+        return False
+    from .linear.kernel import linear_fuses_norm as fuses
+
+    return fuses(x, weight)
 
 
 def prepare_linear_weight(weight):

@@ -26,6 +26,7 @@ import triton.language as tl
 
 from .._triton_util import empty, is_rocm, next_pow2, num_sms
 from ..pdl import pdl_args, pdl_start
+from .residual_norm import add_norm_load, add_norm_store, rms_partials, rms_scale
 
 QTYPES = {"Q8_0": 0, "Q4_0": 1, "Q4_K": 2, "Q5_K": 3, "Q6_K": 4}
 # bytes of one 256-element step for each type
@@ -242,9 +243,14 @@ def _gemv_input(x_ptr, xrow, ks, xm, K, z_ptr, nw_ptr, tt, sz_t, sz_h, eps,
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, T, sx_t, sw_n, so_t, z_ptr, nw_ptr, sz_t, sz_h, eps,
+                 r_ptr, sr, hn_ptr, anw_ptr, ss_out_ptr, ss_in_ptr, P_in, eps_in,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
                  USE_DOT: tl.constexpr, EVEN_K: tl.constexpr, PRO: tl.constexpr = 0,
-                 G: tl.constexpr = 1, PDL: tl.constexpr = False):
+                 G: tl.constexpr = 1, ADD_NORM: tl.constexpr = 0, RMS_IN: tl.constexpr = False,
+                 BLOCK_P: tl.constexpr = 1, PDL: tl.constexpr = False):
+    """ADD_NORM (1; 2: zero-centred weight): out is h = y + r; hn = h * anw and the partial
+    sums of h * h go to hn_ptr, ss_out_ptr (residual_norm.py). RMS_IN: x is such an hn, each
+    token's sums are scaled by 1 / rms from its P_in (<= BLOCK_P) partial sums at ss_in_ptr."""
     pdl_start(PDL)
     pid = tl.program_id(0)
     nn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -255,6 +261,10 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, T, sx_t, sw_n, so_t, z_ptr, nw_ptr
     kk = tl.arange(0, BLOCK_K)
     wrow = w_ptr + nc[:, None] * sw_n
     xrow = x_ptr + tt[:, None] * sx_t
+    if ADD_NORM:
+        r_an, w_an = add_norm_load(tt, nn, T, N, r_ptr, sr, anw_ptr, ADD_NORM == 2)
+    if RMS_IN:
+        parts = rms_partials(ss_in_ptr, P_in, tt, T, BLOCK_T, BLOCK_P)
     if USE_DOT:
         acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
     else:
@@ -275,8 +285,13 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, T, sx_t, sw_n, so_t, z_ptr, nw_ptr
             acc3 += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
     if not USE_DOT:
         acc = tl.sum(acc3, axis=2)
-    tl.store(out_ptr + tt[:, None] * so_t + nn[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=tmask[:, None] & nmask[None, :])
+    if RMS_IN:
+        acc = acc * rms_scale(parts, K, eps_in)[:, None]
+    if ADD_NORM:
+        add_norm_store(acc, r_an, w_an, tt, nn, T, N, out_ptr, hn_ptr, so_t, ss_out_ptr)
+    else:
+        tl.store(out_ptr + tt[:, None] * so_t + nn[None, :], acc.to(out_ptr.dtype.element_ty),
+                 mask=tmask[:, None] & nmask[None, :])
 
 
 def _gemv_config(T, N, K, device, dtype):
@@ -301,17 +316,17 @@ def _gemv_config_cached(T, N, K, device, dtype):
     return dict(BLOCK_T=bt, BLOCK_N=block_n, BLOCK_K=block_k, USE_DOT=False, num_warps=4)
 
 
-def dense_gemv(x, weight, *, prologue=None, **cfg):
+def dense_gemv(x, weight, *, prologue=None, add_norm=None, rms_of=None, **cfg):
     """x [T, K] @ weight^T for T <= 16. prologue: None, ("silu_mul",) with x [T, 2K] holding
     [gate | up], or ("gated_norm", z, norm_weight, eps) with x [T, K] = heads of G =
-    norm_weight.numel() columns and z [T, K/G, G] (see _gemv_input)."""
+    norm_weight.numel() columns and z [T, K/G, G] (see _gemv_input). add_norm, rms_of: the
+    RMSNorm split over two GEMVs (residual_norm.py); add_norm returns (h, hn, partial sums)."""
     T = x.shape[0]
     K = weight.shape[1]
     N = weight.shape[0]
     assert weight.stride(1) == 1 and x.stride(1) == 1
+    x, rms_of = _rms_in_registers(x, rms_of)
     out = empty((T, N), x.dtype, x.device)
-    if T == 0:
-        return out
     c = _gemv_config(T, N, K, x.device, x.dtype)
     c.update(cfg)
     pro, G, z, nw, sz_t, sz_h, eps = 0, 1, x, x, 0, 0, 0.0
@@ -329,12 +344,48 @@ def dense_gemv(x, weight, *, prologue=None, **cfg):
                 c["BLOCK_N"] = max(1, min(c["BLOCK_N"], 4096 // (c["BLOCK_T"] * G)))
     else:
         assert x.shape[1] == K
+    hn, r, sr, anw, ss_out, zc = _add_norm_args(add_norm, out, triton.cdiv(N, c["BLOCK_N"]))
+    ss_in, p_in, eps_in = _rms_of_args(rms_of, x)
+    if T == 0:
+        return out
     warps = c.pop("num_warps")
     _gemv_kernel[(triton.cdiv(N, c["BLOCK_N"]),)](
         x, weight, out, N, K, T, x.stride(0), weight.stride(0), out.stride(0), z, nw, sz_t, sz_h,
-        float(eps), EVEN_K=K % c["BLOCK_K"] == 0, PRO=pro, G=G, num_warps=warps, **c,
-        **pdl_args(x.device))
-    return out
+        float(eps), r, sr, hn, anw, ss_out, ss_in, p_in, eps_in, EVEN_K=K % c["BLOCK_K"] == 0,
+        PRO=pro, G=G, ADD_NORM=zc, RMS_IN=rms_of is not None, BLOCK_P=next_pow2(p_in),
+        num_warps=warps, **c, **pdl_args(x.device))
+    return (out, hn, ss_out) if add_norm is not None else out
+
+
+def _add_norm_args(add_norm, out, programs):
+    """(hn, residual, its row stride, norm weight, partial sums [T, programs], ADD_NORM) for a
+    GEMV of `programs` programs along N whose out is h."""
+    if add_norm is None:
+        return out, out, 0, out, out, 0
+    residual, nw, zero_centred = add_norm
+    assert residual.shape == out.shape and residual.stride(-1) == 1 and nw.numel() == out.shape[1]
+    ss = empty((out.shape[0], programs), torch.float32, out.device)
+    return (empty(out.shape, out.dtype, out.device), residual, residual.stride(0), nw, ss,
+            2 if zero_centred else 1)
+
+
+def _rms_in_registers(x, rms_of):
+    """rms_of, or None with x scaled first (reference.rms_in) where its partial sums are too
+    many to hold in registers through the GEMV's loop (rms_partials)."""
+    if rms_of is not None and next_pow2(x.shape[0]) * next_pow2(rms_of[0].shape[1]) > 4096:
+        from .reference import rms_in
+
+        return rms_in(x, rms_of), None
+    return x, rms_of
+
+
+def _rms_of_args(rms_of, x):
+    """(partial sums [T, P], P, eps) for a GEMV whose activations are hn (residual_norm.py)."""
+    if rms_of is None:
+        return x, 1, 0.0
+    ss, eps = rms_of
+    assert ss.dim() == 2 and ss.shape[0] == x.shape[0] and ss.is_contiguous()
+    return ss, ss.shape[1], float(eps)
 
 
 # A fused op is recomputed by every program for its whole K range: programs x K x T elements,
@@ -364,30 +415,33 @@ def _packed_silu_pays(x, pw) -> bool:
     return _recompute_ok(x.shape[0], N, K, c["BLOCK_N"])
 
 
-def silu_mul_linear(x, weight):
+def silu_mul_linear(x, weight, *, add_norm=None):
     """linear(silu_and_mul(x), weight): one GEMV kernel for dense weights and T <= 16 (decode),
-    else the two ops as the registry picks them."""
+    else the two ops as the registry picks them. add_norm: as linear's."""
     if _gemv_fusable(x, weight) and x.stride(1) == 1:
-        return dense_gemv(x, weight, prologue=("silu_mul",))
+        return dense_gemv(x, weight, prologue=("silu_mul",), add_norm=add_norm)
     if (getattr(weight, "planes", None) is not None and x.stride(1) == 1 and x.shape[0] <= 16
             and x.dtype in (torch.float16, torch.float32) and _packed_silu_pays(x, weight)):
-        return packed_matmul(x, weight, silu=True)    # PackedQuant: its GEMV fuses it
+        return _around(packed_matmul, x, weight, add_norm, None, silu=True)  # its GEMV fuses it
     from .. import ops
 
-    return ops.linear(ops.silu_and_mul(x), weight)
+    return ops.linear(ops.silu_and_mul(x), weight, add_norm=add_norm)
 
 
-def gated_norm_linear(o, z, norm_weight, eps, weight):
+def gated_norm_linear(o, z, norm_weight, eps, weight, *, add_norm=None):
     """linear(gated_rms_norm(o, z, norm_weight, eps) as [T, H * D], weight) for o, z [T, H, D]:
-    one GEMV kernel for dense weights, T <= 16 and a power-of-two D, else the two ops."""
+    one GEMV kernel for dense weights, T <= 16 and a power-of-two D, else the two ops.
+    add_norm: as linear's."""
     T, H, D = o.shape
     x = o.reshape(T, H * D)
     if (_gemv_fusable(x, weight) and x.stride(1) == 1 and z.stride(-1) == 1
             and D & (D - 1) == 0 and norm_weight.numel() == D):
-        return dense_gemv(x, weight, prologue=("gated_norm", z, norm_weight, eps))
+        return dense_gemv(x, weight, prologue=("gated_norm", z, norm_weight, eps),
+                          add_norm=add_norm)
     from .. import ops
 
-    return ops.linear(ops.gated_rms_norm(o, z, norm_weight, eps).reshape(T, H * D), weight)
+    return ops.linear(ops.gated_rms_norm(o, z, norm_weight, eps).reshape(T, H * D), weight,
+                      add_norm=add_norm)
 
 
 def quant_matmul(x, qweight, **cfg):
@@ -437,14 +491,33 @@ def quant_matmul(x, qweight, **cfg):
     return out
 
 
-def linear(x, weight, **cfg):
+def linear(x, weight, *, add_norm=None, rms_of=None, **cfg):
+    """add_norm, rms_of (residual_norm.py): inside the GEMV where linear_fuses_norm, else
+    computed around the product as reference.py defines them."""
     if getattr(weight, "planes", None) is not None:  # PackedQuant (repack.prepare)
-        return packed_matmul(x, weight, **cfg)
+        return _around(packed_matmul, x, weight, add_norm, rms_of, **cfg)
     if isinstance(weight, torch.Tensor):
         if x.shape[0] > 16:  # prefill: the vendor GEMM (rocBLAS / cuBLAS) is the right tool
-            return x @ weight.t()
-        return dense_gemv(x, weight, **cfg)
-    return quant_matmul(x, weight, **cfg)
+            return _around(lambda a, w: a @ w.t(), x, weight, add_norm, rms_of)
+        return dense_gemv(x, weight, add_norm=add_norm, rms_of=rms_of, **cfg)
+    return _around(quant_matmul, x, weight, add_norm, rms_of, **cfg)
+
+
+def linear_fuses_norm(x, weight) -> bool:
+    """Whether linear(x, weight) takes add_norm / rms_of inside its GEMV: the dense GEMV
+    (decode sizes). Not the quantized GEMVs: done in them as well, the split norm measured
+    9B Q8_0 2% slower on the H200 (its 1-warp GEMVs pay for the extra registers and loads) and
+    Q4_K no faster (docs/PERF.md), so their norms stay separate kernels."""
+    return (isinstance(weight, torch.Tensor) and 0 < x.shape[0] <= 16
+            and weight.dtype == x.dtype and weight.stride(1) == 1)
+
+
+def _around(fn, x, weight, add_norm, rms_of, **kw):
+    """fn(x, weight) with add_norm / rms_of computed outside it (reference.py's definition):
+    calls whose kernel cannot take them in."""
+    from .reference import add_norm_out, rms_in
+
+    return add_norm_out(fn(rms_in(x, rms_of), weight, **kw), add_norm)
 
 
 # ----------------------------------------------------------------------------------------
@@ -938,6 +1011,11 @@ def _pq_gemv_config_cached(T, N, K, qtype, device):
     return dict(BLOCK_N=block_n, num_warps=warps, SPLIT=split, PREFETCH=prefetch)
 
 
+def _pq_dot(x, T) -> bool:
+    """Tensor cores for a few rows (not on ROCm: gfx906 has no matrix cores)."""
+    return T >= 2 and x.dtype == torch.float16 and x.device.type == "cuda" and not is_rocm()
+
+
 def packed_matmul(x, pw, *, silu=False, **cfg):
     """x [T, K] @ dequant(pw)^T -> [T, N] for a PackedQuant pw (GEMV for T <= 16).
     silu: x is [T, 2K] = [gate | up] and the product is with silu(gate) * up (applied on load
@@ -953,9 +1031,8 @@ def packed_matmul(x, pw, *, silu=False, **cfg):
     if T == 0:
         return out
     dot = cfg.pop("DOT", None)
-    if dot is None:  # tensor cores for a few rows (not on ROCm: gfx906 has no matrix cores)
-        dot = (T >= 2 and x.dtype == torch.float16 and x.device.type == "cuda"
-               and not is_rocm())
+    if dot is None:
+        dot = _pq_dot(x, T)
     if silu and (T > 16 or dot):
         from .. import ops
 

@@ -103,28 +103,58 @@ def dequantize(raw: torch.Tensor, qtype: str, shape) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).reshape(rows, cols).to(raw.device)
 
 
-def linear(x, weight):
+def rms_in(x, rms_of):
+    """rms_of = (ss, eps): x [T, K] (an hn, see add_norm_out) times 1 / rms of the rows whose
+    sums of squares are ss [T, P] summed over P, in x's dtype. RMSNorm(h) = rms_in(hn, (ss,
+    eps)) for (h, hn, ss) = add_norm_out(...): the norm split over two projections."""
+    if rms_of is None:
+        return x
+    ss, eps = rms_of
+    rstd = torch.rsqrt(ss.float().sum(-1, keepdim=True) / x.shape[-1] + eps)
+    return (x.float() * rstd).to(x.dtype)
+
+
+def add_norm_out(y, add_norm):
+    """add_norm = (residual, norm_weight, zero_centred): (h, hn, ss) with h = y + residual (the
+    new residual stream), hn = h * norm_weight (1 + it if zero_centred), each rounded to y's
+    dtype, and ss [T, P] fp32 partial sums of h * h over P column groups (P = 1 here; the
+    kernels' P is their programs along N): an RMSNorm of h whose 1 / rms the next projection
+    applies (rms_in)."""
+    if add_norm is None:
+        return y
+    residual, nw, zero_centred = add_norm
+    h = (y.float() + residual.float()).to(y.dtype)
+    w = nw.float() + 1.0 if zero_centred else nw.float()
+    hf = h.float()
+    return h, (hf * w).to(y.dtype), hf.pow(2).sum(-1, keepdim=True)
+
+
+def linear(x, weight, *, add_norm=None, rms_of=None):
+    x = rms_in(x, rms_of)
     if isinstance(weight, torch.Tensor):
         if x.device.type == "cpu" and x.dtype != torch.float32:
-            return (x.float() @ weight.float().t()).to(x.dtype)
-        return x @ weight.to(x.dtype).t()
+            y = (x.float() @ weight.float().t()).to(x.dtype)
+        else:
+            y = x @ weight.to(x.dtype).t()
+        return add_norm_out(y, add_norm)
     if getattr(weight, "planes", None) is not None:  # PackedQuant (repack.py): exact decode
         w = weight.dequantize()
     else:
         w = dequantize(weight.data, weight.qtype, weight.shape)
-    return (x.float() @ w.t()).to(x.dtype)
+    return add_norm_out((x.float() @ w.t()).to(x.dtype), add_norm)
 
 
-def silu_mul_linear(x, weight):
+def silu_mul_linear(x, weight, *, add_norm=None):
     """linear(silu_and_mul(x), weight): the fused decode GEMV's reference."""
     from ..activation.reference import silu_and_mul
 
-    return linear(silu_and_mul(x), weight)
+    return linear(silu_and_mul(x), weight, add_norm=add_norm)
 
 
-def gated_norm_linear(o, z, norm_weight, eps, weight):
+def gated_norm_linear(o, z, norm_weight, eps, weight, *, add_norm=None):
     """linear(gated_rms_norm(o, z, norm_weight, eps) as [T, H * D], weight) for o [T, H, D]."""
     from ..norm.reference import gated_rms_norm
 
     T = o.shape[0]
-    return linear(gated_rms_norm(o, z, norm_weight, eps).reshape(T, -1), weight)
+    return linear(gated_rms_norm(o, z, norm_weight, eps).reshape(T, -1), weight,
+                  add_norm=add_norm)

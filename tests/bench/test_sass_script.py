@@ -29,3 +29,13 @@ def test_packed_gemv_mix_shows_the_field_pairing():
         assert res["instructions"] == sum(res["mix"].values())
     # fields decoded two per shift: fewer shifts than one field at a time (docs/PERF.md run 5)
     assert paired["mix"]["SHF"] < single["mix"]["SHF"]
+
+
+def test_dense_gemv_split_norm_variants():
+    """The consumer loads the producer's partial sums; the producer stores h, hn and them."""
+    base = ("--qtype", "F16", "--rows", "4", "--block-k", "128")
+    plain = _run(*base)
+    consumer = _run(*base, "--rms-in", "--partials", "64")
+    producer = _run(*base, "--add-norm")
+    assert consumer["mix"]["LDG"] > plain["mix"]["LDG"]
+    assert producer["mix"]["STG"] > plain["mix"]["STG"] and producer["mix"]["LDG"] > plain["mix"]["LDG"]

@@ -123,3 +123,149 @@ def test_silu_mul_packed_gemv(qtype, T):
     assert_close(registry.call_triton("silu_mul_linear", x, p), ref)
     # the tensor-core tile path has no fused form: silu-mul first, same result
     assert_close(linear_kernel.packed_matmul(x, p, silu=True, DOT=True), ref)
+
+
+# ------------------------------------------------------------------------------------------
+# the RMSNorm between two projections, split over their GEMVs (kernels/linear/residual_norm.py)
+
+
+def _norm_case(T, K, dtype, gen):
+    h_prev = randn(T, K, dtype=dtype, gen=gen)          # the residual stream
+    nw = randn(K, dtype=dtype, gen=gen, scale=0.3)       # zero-centred: applied as 1 + nw
+    return h_prev, nw
+
+
+def _unfused(x, w_out, residual, nw, w_in, eps):
+    """The plain path: projection, RMSNorm with the residual add, next projection."""
+    y = registry.call_reference("linear", x, w_out)
+    normed, h = registry.call_reference("rms_norm", y, nw, eps, residual=residual, zero_centred=True)
+    return h, registry.call_reference("linear", normed, w_in)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("T,K1,K,N", [(1, 96, 64, 37), (3, 40, 300, 19), (16, 32, 48, 5)])
+def test_add_norm_then_rms_of_dense(dtype, T, K1, K, N):
+    """Producer GEMV (add_norm) then consumer GEMV (rms_of) = projection, RMSNorm, projection."""
+    g = torch.Generator().manual_seed(T * 7 + K)
+    x = randn(T, K1, dtype=dtype, gen=g)
+    w_out = randn(K, K1, dtype=dtype, gen=g, scale=K1 ** -0.5)
+    w_in = randn(N, K, dtype=dtype, gen=g, scale=K ** -0.5)
+    residual, nw = _norm_case(T, K, dtype, g)
+    h, hn, ss = registry.call_triton("linear", x, w_out, add_norm=(residual, nw, True))
+    ref_h, ref_hn, ref_ss = registry.call_reference("linear", x, w_out, add_norm=(residual, nw, True))
+    assert_close(h, ref_h)
+    assert_close(hn, ref_hn)
+    assert ss.shape[1] > 1 and ss.dtype == torch.float32     # one partial sum per program
+    assert_close(ss.sum(1, keepdim=True), ref_ss)
+    y = registry.call_triton("linear", hn, w_in, rms_of=(ss, 1e-6))
+    assert_close(y, registry.call_reference("linear", ref_hn, w_in, rms_of=(ref_ss, 1e-6)))
+    un_h, un_y = _unfused(x, w_out, residual, nw, w_in, 1e-6)
+    assert_close(h, un_h)
+    assert_close(y, un_y)
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "Q6_K"])
+def test_add_norm_then_rms_of_packed(qtype):
+    """Quantized weights take add_norm / rms_of around their GEMVs (the engine keeps their
+    norms separate: linear_fuses_norm), with the same result (odd N, K = 768)."""
+    from g906.kernels.linear import repack
+
+    g = torch.Generator().manual_seed(11)
+    T, K1, K, N = 1, 512, 768, 19
+    w_out = QuantizedTensor(random_blocks(K, K1, qtype, 2).to(DEVICE), qtype, (K, K1))
+    w_in = QuantizedTensor(random_blocks(N, K, qtype, 3).to(DEVICE), qtype, (N, K))
+    p_out, p_in = (repack.pack(w.data, qtype, w.shape) for w in (w_out, w_in))
+    x = randn(T, K1, gen=g, scale=K1 ** -0.5)
+    residual, nw = _norm_case(T, K, torch.float32, g)
+    assert not linear_kernel.linear_fuses_norm(x, p_out)
+    h, hn, ss = registry.call_triton("linear", x, p_out, add_norm=(residual, nw, True))
+    ref_h, ref_hn, ref_ss = registry.call_reference("linear", x, w_out, add_norm=(residual, nw, True))
+    assert_close(h, ref_h)
+    assert_close(hn, ref_hn)
+    assert_close(ss.sum(1, keepdim=True), ref_ss)
+    y = registry.call_triton("linear", hn, p_in, rms_of=(ss, 1e-6))
+    assert_close(y, _unfused(x, w_out, residual, nw, w_in, 1e-6)[1])
+    # the silu and gated-norm producers end the same way
+    xs = randn(T, 2 * K1, gen=g)
+    got = registry.call_triton("silu_mul_linear", xs, p_out, add_norm=(residual, nw, False))
+    ref = registry.call_reference("silu_mul_linear", xs, w_out, add_norm=(residual, nw, False))
+    assert_close(got[0], ref[0])
+    assert_close(got[1], ref[1])
+    assert_close(got[2].sum(1, keepdim=True), ref[2])
+
+
+def _same_add_norm(got, ref):
+    """(h, hn, partial sums) against the reference's (h, hn, whole sums)."""
+    assert_close(got[0], ref[0])
+    assert_close(got[1], ref[1])
+    assert_close(got[2].sum(1, keepdim=True), ref[2])
+
+
+def test_producers_with_prologues_end_with_add_norm():
+    g = torch.Generator().manual_seed(5)
+    T, I, N = 2, 96, 37
+    residual, nw = _norm_case(T, N, torch.float32, g)
+    x = randn(T, 2 * I, gen=g)
+    w = randn(N, I, gen=g, scale=I ** -0.5)
+    _same_add_norm(registry.call_triton("silu_mul_linear", x, w, add_norm=(residual, nw, True)),
+                   registry.call_reference("silu_mul_linear", x, w, add_norm=(residual, nw, True)))
+    o, z, gw = _gated_inputs(T, 4, 16, torch.float32, g)
+    w = randn(N, 64, gen=g, scale=0.125)
+    args = (o, z, gw, 1e-6, w)
+    _same_add_norm(registry.call_triton("gated_norm_linear", *args, add_norm=(residual, nw, False)),
+                   registry.call_reference("gated_norm_linear", *args, add_norm=(residual, nw, False)))
+
+
+def test_add_norm_and_rms_of_outside_the_gemv():
+    """Prefill sizes (T > 16) and packed GEMVs split over K compute them around the product."""
+    g = torch.Generator().manual_seed(9)
+    T, K, N = 20, 64, 24
+    x = randn(T, K, gen=g)
+    w = randn(N, K, gen=g, scale=0.125)
+    residual, nw = _norm_case(T, N, torch.float32, g)
+    assert not linear_kernel.linear_fuses_norm(x, w)
+    _same_add_norm(registry.call_triton("linear", x, w, add_norm=(residual, nw, True)),
+                   registry.call_reference("linear", x, w, add_norm=(residual, nw, True)))
+    ss = randn(T, 3, gen=g).abs() * K
+    assert_close(registry.call_triton("linear", x, w, rms_of=(ss, 1e-6)),
+                 registry.call_reference("linear", x, w, rms_of=(ss, 1e-6)))
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("kind", ["F16", "Q4_K"])
+@pytest.mark.parametrize("T", [1, 4])
+def test_split_norm_real_shapes(kind, T):
+    """9B: the down projection 12288 -> 4096 ends with the add and the norm weight, the gate/up
+    projection 4096 -> 24576 applies 1 / rms: against projection, RMSNorm, projection."""
+    from g906.kernels.linear import repack
+
+    g = torch.Generator().manual_seed(21)
+    I, H = 12288, 4096
+    if kind == "F16":
+        w_out = randn(H, I, dtype=torch.float16, gen=g, scale=I ** -0.5).to(DEVICE)
+        w_in = randn(2 * I, H, dtype=torch.float16, gen=g, scale=H ** -0.5).to(DEVICE)
+        p_out, p_in = w_out, w_in
+    else:
+        w_out = QuantizedTensor(random_blocks(H, I, kind, 4).to(DEVICE), kind, (H, I))
+        w_in = QuantizedTensor(random_blocks(2 * I, H, kind, 5).to(DEVICE), kind, (2 * I, H))
+        p_out, p_in = repack.prepare(w_out), repack.prepare(w_in)
+    x = randn(T, I, dtype=torch.float16, gen=g, scale=0.05)
+    residual, nw = _norm_case(T, H, torch.float16, g)
+    assert linear_kernel.linear_fuses_norm(x, p_out) == (kind == "F16")
+    h, hn, ss = registry.call_triton("linear", x, p_out, add_norm=(residual, nw, True))
+    y = registry.call_triton("linear", hn, p_in, rms_of=(ss, 1e-6))
+    un_h, un_y = _unfused(x, w_out, residual, nw, w_in, 1e-6)
+    assert_close(h, un_h)
+    assert_close(y, un_y)
+
+
+def test_rms_of_with_many_partial_sums():
+    """More partial sums than the GEMV holds in registers: x is scaled first, same result."""
+    g = torch.Generator().manual_seed(13)
+    T, K, N = 16, 64, 8
+    x = randn(T, K, gen=g)
+    w = randn(N, K, gen=g, scale=0.125)
+    ss = randn(T, 300, gen=g).abs()
+    assert_close(registry.call_triton("linear", x, w, rms_of=(ss, 1e-6)),
+                 registry.call_reference("linear", x, w, rms_of=(ss, 1e-6)))

@@ -1,0 +1,68 @@
+"""The RMSNorm between two decode projections, done by the two GEMVs (no kernel of its own).
+
+Between a layer's output projection (y) and the next input projection sits
+`h = y + residual; x = h / rms(h) * w`. Split over the two GEMVs:
+- the producer ends with the add and the weight on the columns it owns: it stores h (the new
+  residual stream), hn = h * w, and its program's sum of h * h per token (`add_norm_store`;
+  partial sums [T, programs]);
+- the consumer streams hn as its activations and scales each token's sums by 1 / rms(h) at the
+  end, from those partial sums (`rms_partials`, `rms_scale`: a few hundred floats per token,
+  loaded before its loop; reading h beside the activations instead cost ~20% more
+  instructions in the loop: benchmarks/sass.py --rms-in).
+The product is the same as the separate kernel's up to rounding: hn * (1 / rms) is not rounded
+to the activation dtype before the multiply. Used by the dense (fp16/fp32) decode GEMV; the
+quantized GEMVs measured no gain from it (kernel.linear_fuses_norm).
+
+add_norm = (residual, norm_weight, zero_centred) and rms_of = (partial sums, eps) are the
+host-side arguments of kernel.linear and friends; reference.py says what they compute.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add_norm_load(tt, nn, T, N, r_ptr, sr, nw_ptr, ZC: tl.constexpr):
+    """(residual [BT, BN], weight [BN]) fp32 for add_norm_store, loaded before the GEMV's loop
+    so that their latency hides behind it (after it, it was one more memory round trip)."""
+    nm = nn < N
+    m = (tt < T)[:, None] & nm[None, :]
+    r = tl.load(r_ptr + tt.to(tl.int64)[:, None] * sr + nn[None, :], mask=m, other=0.0)
+    w = tl.load(nw_ptr + nn, mask=nm, other=0.0).to(tl.float32)
+    if ZC:
+        w = w + 1.0
+    return r.to(tl.float32), w
+
+
+@triton.jit
+def add_norm_store(y, r, w, tt, nn, T, N, h_ptr, hn_ptr, sh, ss_ptr):
+    """y fp32 [BT, BN] = outputs of tokens tt, columns nn (program_id(0) of num_programs(0)
+    along N); r, w from add_norm_load. Stores h = y + r (y rounded to the output dtype first,
+    as separate ops would), hn = h * w and ss[t, program] = sum of h * h over its columns."""
+    dt = h_ptr.dtype.element_ty
+    tm = tt < T
+    m = tm[:, None] & (nn < N)[None, :]
+    t64 = tt.to(tl.int64)[:, None]
+    h = (y.to(dt).to(tl.float32) + r).to(dt)
+    tl.store(h_ptr + t64 * sh + nn[None, :], h, mask=m)
+    hf = tl.where(m, h.to(tl.float32), 0.0)
+    tl.store(hn_ptr + t64 * sh + nn[None, :], (hf * w[None, :]).to(dt), mask=m)
+    tl.store(ss_ptr + tt * tl.num_programs(0) + tl.program_id(0), tl.sum(hf * hf, axis=1),
+             mask=tm)
+
+
+@triton.jit
+def rms_partials(ss_ptr, P, tt, T, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr):
+    """The P (<= BLOCK_P) partial sums of squares of tokens tt (ss [T, P], contiguous), loaded
+    before the GEMV's loop and reduced after it (rms_scale): the latency hides behind it."""
+    pp = tl.arange(0, BLOCK_P)
+    m = (tt < T)[:, None] & (pp < P)[None, :]
+    return tl.load(ss_ptr + tt[:, None] * P + pp[None, :], mask=m, other=0.0)
+
+
+@triton.jit
+def rms_scale(partials, K, eps):
+    """1 / rms of rows of K columns from rms_partials' [BT, BLOCK_P] partial sums."""
+    return 1.0 / tl.sqrt(tl.sum(partials, axis=1) / K + eps)
