@@ -157,6 +157,38 @@ def test_independent_reference_ops_agree(g906_tiny, hf_refs, monkeypatch):
     assert r.greedy(1, random_prompt(17, seed=17), 32) == hf_refs("greedy", 17)
 
 
+def test_norms_split_over_the_projections(g906_tiny, tiny_qwen35_hf_model, hf_refs, monkeypatch):
+    """Every step with the RMSNorms split over the projections around them (the decode GEMVs'
+    add_norm / rms_of, computed here by the reference ops): the same logits and tokens."""
+    from g906.engine.layers import ops
+
+    monkeypatch.setattr(ops, "linear_fuses_norm", lambda x, w: True)
+    seen = {"add_norm": 0, "rms_of": 0}
+
+    def counted(fn):
+        def call(*a, **kw):
+            for k in seen:
+                seen[k] += kw.get(k) is not None
+            return fn(*a, **kw)
+        return call
+
+    for name in ("linear", "silu_mul_linear", "gated_norm_linear"):
+        monkeypatch.setattr(ops, name, counted(getattr(ops, name)))
+    r = TinyRunner(g906_tiny.model)
+    assert rel_err(r.step([0], [random_prompt(300, seed=300)])[0], hf_refs("logits", 300)[-1]) < TOL
+    layers = g906_tiny.model.config.num_hidden_layers
+    # every norm but the first layer's input norm and the final one
+    assert seen == {"add_norm": 2 * layers - 1, "rms_of": 2 * layers - 1}
+    prompt = random_prompt(14, seed=5)
+    r.step([2], [prompt])
+    seq = list(prompt)
+    for tok in random_prompt(4, seed=6):
+        seq.append(tok)
+        got = r.step([2], [[tok]], is_prefill=False)[0]
+        assert rel_err(got, hf_logits(tiny_qwen35_hf_model, seq)[-1]) < TOL
+    assert r.greedy(1, random_prompt(17, seed=17), 32) == hf_refs("greedy", 17)
+
+
 # ------------------------------------------------------------------------------------------
 # checkpoint layouts
 

@@ -10,7 +10,7 @@ from torch import nn
 from g906.engine.context import ForwardContext
 from g906.engine.layers import ops
 from g906.engine.layers.linear import FusedProjections, Linear
-from g906.engine.layers.norms import RMSNorm
+from g906.engine.layers.norms import AddNorm, RMSNorm
 
 
 class Attention(nn.Module):
@@ -33,10 +33,11 @@ class Attention(nn.Module):
     def post_load(self) -> None:
         self.qkv.fuse()
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary, ctx: ForwardContext) -> torch.Tensor:
-        t = x.shape[0]
+    def forward(self, x, positions: torch.Tensor, rotary, ctx: ForwardContext, then: AddNorm | None = None):
+        """x: a tensor or a NormedInput; then: as Linear.forward's."""
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
         qg, k, v = self.qkv(x)
+        t = qg.shape[0]
         qg = qg.view(t, h, 2 * d)
         q = self.q_norm(qg[..., :d])          # a strided view: the norm reads it in place
         gate = qg[..., d:]
@@ -53,7 +54,7 @@ class Attention(nn.Module):
             block_tables = (cu[:-1, None] + cols[None, :]).clamp(max=max(t - 1, 0)).to(torch.int32)
             return self.o_proj(
                 ops.prefill_attention(q, k_cache, v_cache, block_tables, ctx.cu_seqlens_q, lens.to(torch.int32),
-                                      self.scale, gate=gate).reshape(t, h * d)
+                                      self.scale, gate=gate).reshape(t, h * d), then
             )
         ops.store_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
         if ctx.is_prefill:
@@ -65,4 +66,4 @@ class Attention(nn.Module):
             o = ops.paged_decode_attention(
                 q, self.k_cache, self.v_cache, ctx.block_tables, ctx.seq_lens, self.scale, gate=gate
             )
-        return self.o_proj(o.reshape(t, h * d))
+        return self.o_proj(o.reshape(t, h * d), then)

@@ -17,7 +17,7 @@ from g906.engine.context import ForwardContext
 from g906.engine.layers import ops
 from g906.engine.layers.base import WeightHolder, WeightSpec
 from g906.engine.layers.linear import FusedProjections, Linear
-from g906.engine.layers.norms import GatedRMSNorm
+from g906.engine.layers.norms import AddNorm, GatedRMSNorm
 
 
 class Conv1dWeight(WeightHolder):
@@ -76,9 +76,10 @@ class GatedDeltaNet(WeightHolder):
     def post_load(self) -> None:
         self.in_proj.fuse()
 
-    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        t = x.shape[0]
+    def forward(self, x, ctx: ForwardContext, then: AddNorm | None = None):
+        """x: a tensor or a NormedInput; then: as Linear.forward's."""
         qkv, z, b, a = self.in_proj(x)
+        t = qkv.shape[0]
         w = self.conv1d.weight
         conv_state, ssm_state = self.conv_state, self.ssm_state
         slots, has_init = ctx.state_slots, ctx.has_initial_state
@@ -110,4 +111,4 @@ class GatedDeltaNet(WeightHolder):
         # z stays a [t, Hv, Dv] view of the projection output (the norm reads it in place);
         # norm and projection are one kernel in decode where that pays (docs/kernels.md)
         return self.out_proj.forward_gated_norm(o, z.view(t, self.num_v_heads, self.head_v_dim),
-                                                self.norm)
+                                                self.norm, then)

@@ -6,6 +6,7 @@ import torch
 
 from g906.engine.layers import ops
 from g906.engine.layers.base import WeightHolder, WeightSpec
+from g906.engine.layers.norms import AddNorm, NormedInput
 from g906.engine.weights import QuantizedTensor
 
 
@@ -41,24 +42,49 @@ class Linear(WeightHolder):
             return
         super().set_weight(attr, value)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.finish(ops.linear(x, self.weight))
+    def forward(self, x, then: AddNorm | None = None):
+        """self(x) for a tensor or a NormedInput. then: the residual add and RMSNorm that
+        follow; done in the GEMV where it can (a NormedInput is returned), else the plain
+        output is (the caller's RMSNorm.input_of does them)."""
+        if isinstance(x, NormedInput):
+            return self.finish(project(x, self.weight))
+        return self._out(lambda **kw: ops.linear(x, self.weight, **kw), x, then)
 
-    def forward_silu_mul(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_silu_mul(self, x: torch.Tensor, then: AddNorm | None = None):
         """self(silu(x[:, :I]) * x[:, I:]): one GEMV kernel in decode where that pays
-        (docs/kernels.md, silu_mul_linear)."""
-        return self.finish(ops.silu_mul_linear(x, self.weight))
+        (docs/kernels.md, silu_mul_linear). then: as forward's."""
+        return self._out(lambda **kw: ops.silu_mul_linear(x, self.weight, **kw), x, then)
 
-    def forward_gated_norm(self, o: torch.Tensor, z: torch.Tensor, norm) -> torch.Tensor:
-        """self(norm(o, z) flattened) for o, z [T, heads, head_dim] and a GatedRMSNorm."""
-        return self.finish(ops.gated_norm_linear(o, z, norm.weight, norm.eps, self.weight))
+    def forward_gated_norm(self, o: torch.Tensor, z: torch.Tensor, norm, then: AddNorm | None = None):
+        """self(norm(o, z) flattened) for o, z [T, heads, head_dim] and a GatedRMSNorm. then:
+        as forward's."""
+        return self._out(lambda **kw: ops.gated_norm_linear(o, z, norm.weight, norm.eps, self.weight, **kw),
+                         o.reshape(o.shape[0], -1), then)
+
+    def _out(self, matmul, x: torch.Tensor, then: AddNorm | None):
+        """matmul() is the product; matmul(add_norm=...) is (h, hn, ss) (ops.linear)."""
+        if then is not None and type(self).finish is Linear.finish and ops.linear_fuses_norm(x, self.weight):
+            norm = then.norm
+            return NormedInput(*matmul(add_norm=(then.residual, norm.weight, norm.zero_centred)), norm)
+        return self.finish(matmul())
 
     def finish(self, y: torch.Tensor) -> torch.Tensor:
-        """What follows the matmul (row-parallel layers all-reduce here)."""
+        """What follows the matmul (row-parallel layers all-reduce here: then the residual add
+        and norm cannot ride on the GEMV)."""
         return y
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}"
+
+
+def project(x, weight):
+    """ops.linear(x, weight) for a tensor or a NormedInput: its 1 / rms applied in the GEMV
+    where it can be, else the norm is computed first."""
+    if isinstance(x, NormedInput):
+        if ops.linear_fuses_norm(x.hn, weight):
+            return ops.linear(x.hn, weight, rms_of=(x.ss, x.norm.eps))
+        x = x.materialize()
+    return ops.linear(x, weight)
 
 
 def fuse_weights(linears: list[Linear]):
@@ -104,7 +130,10 @@ class FusedProjections:
             for lin in self.linears:
                 lin.set_weight("weight", None)
 
-    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+    def __call__(self, x) -> list[torch.Tensor]:
+        """x: a tensor or a NormedInput."""
         if self.weight is None:
+            if isinstance(x, NormedInput):
+                x = x.materialize()
             return [lin(x) for lin in self.linears]
-        return list(ops.linear(x, self.weight).split(self.sizes, dim=-1))
+        return list(project(x, self.weight).split(self.sizes, dim=-1))

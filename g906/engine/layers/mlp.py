@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from g906.engine.layers import ops
-from g906.engine.layers.linear import Linear, fuse_weights
+from g906.engine.layers.linear import Linear, fuse_weights, project
+from g906.engine.layers.norms import AddNorm, NormedInput
 
 
 class MLP(nn.Module):
@@ -24,9 +24,12 @@ class MLP(nn.Module):
             self.gate_proj.set_weight("weight", None)
             self.up_proj.set_weight("weight", None)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x, then: AddNorm | None = None):
+        """x: a tensor or a NormedInput; then: as Linear.forward's."""
         if self.gate_up_weight is not None:
-            gate_up = ops.linear(x, self.gate_up_weight)
+            gate_up = project(x, self.gate_up_weight)
         else:
+            if isinstance(x, NormedInput):
+                x = x.materialize()
             gate_up = torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)
-        return self.down_proj.forward_silu_mul(gate_up)
+        return self.down_proj.forward_silu_mul(gate_up, then)

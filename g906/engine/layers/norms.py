@@ -3,6 +3,8 @@ RMSNorm of the linear-attention output (plain weight)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from g906.engine.layers import ops
@@ -22,6 +24,37 @@ class RMSNorm(WeightHolder):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         return ops.rms_norm(x, self.weight, self.eps, residual=residual, zero_centred=self.zero_centred)
+
+    def input_of(self, x, residual: torch.Tensor | None):
+        """(the next projection's input, the residual stream) after the sublayer output x: x
+        added to the residual (None: x starts the stream) and normalised; a NormedInput
+        already is (the output projection did it)."""
+        if isinstance(x, NormedInput):
+            return x, x.h
+        if residual is None:
+            return self(x), x
+        return self(x, residual)
+
+
+class NormedInput(NamedTuple):
+    """RMSNorm(h) with its 1 / rms not yet applied. The output projection that made h (the
+    residual stream) also made hn = h * norm weight and partial sums of h * h, ss (ops.linear's
+    add_norm); the projection that reads it applies 1 / rms(h) in its own GEMV (rms_of): no
+    RMSNorm kernel between them (kernels/linear/residual_norm.py)."""
+    h: torch.Tensor
+    hn: torch.Tensor
+    ss: torch.Tensor
+    norm: RMSNorm
+
+    def materialize(self) -> torch.Tensor:
+        return self.norm(self.h)
+
+
+class AddNorm(NamedTuple):
+    """What follows an output projection: the residual add and the next RMSNorm. Given to the
+    projection, it returns a NormedInput where its GEMV can do both (Linear.forward)."""
+    residual: torch.Tensor
+    norm: RMSNorm
 
 
 class GatedRMSNorm(WeightHolder):

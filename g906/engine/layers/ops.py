@@ -13,6 +13,7 @@ from g906.kernels.ops import (  # noqa: F401
     gated_norm_linear,
     gated_rms_norm,
     linear,
+    linear_fuses_norm,
     paged_decode_attention,
     prefill_attention,
     rms_norm,

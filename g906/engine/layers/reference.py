@@ -40,6 +40,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedTensor) -> torch.Ten
     return F.linear(x, weight)
 
 
+def linear_fuses_norm(x, weight) -> bool:
+    """This module computes each RMSNorm on its own (no add_norm / rms_of in its linear)."""
+    return False
+
+
 # --------------------------------------------------------------------------------------------
 # norms and activations
 

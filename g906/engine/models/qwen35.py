@@ -22,7 +22,7 @@ from g906.engine.layers.embedding import Embedding
 from g906.engine.layers.gated_deltanet import GatedDeltaNet
 from g906.engine.layers.linear import Linear
 from g906.engine.layers.mlp import MLP
-from g906.engine.layers.norms import RMSNorm
+from g906.engine.layers.norms import AddNorm, RMSNorm
 from g906.engine.layers.rotary import RotaryEmbedding
 from g906.engine.vision.glue import multimodal_step
 from g906.engine.weights import QuantizedTensor
@@ -57,18 +57,18 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
 
-    def forward(self, x, residual, positions, rotary, ctx: ForwardContext):
-        if residual is None:
-            residual = x
-            h = self.input_layernorm(x)
-        else:
-            h, residual = self.input_layernorm(x, residual)
+    def forward(self, x, residual, positions, rotary, ctx: ForwardContext, next_norm: RMSNorm | None = None):
+        """(output, residual). x: the previous layer's output. Where the GEMVs can (decode), each
+        output projection also does the residual add and the next RMSNorm (the next layer's
+        input norm: next_norm) and returns a NormedInput (layers/norms.py)."""
+        h, residual = self.input_layernorm.input_of(x, residual)
+        post = AddNorm(residual, self.post_attention_layernorm)
         if self.layer_type == "linear_attention":
-            h = self.linear_attn(h, ctx)
+            y = self.linear_attn(h, ctx, post)
         else:
-            h = self.self_attn(h, positions, rotary, ctx)
-        h, residual = self.post_attention_layernorm(h, residual)
-        return self.mlp(h), residual
+            y = self.self_attn(h, positions, rotary, ctx, post)
+        h, residual = self.post_attention_layernorm.input_of(y, residual)
+        return self.mlp(h, AddNorm(residual, next_norm) if next_norm is not None else None), residual
 
 
 class Qwen35TextModel(nn.Module):
@@ -87,8 +87,10 @@ class Qwen35TextModel(nn.Module):
             # image tokens in this step: their embeddings from the vision tower, M-RoPE positions
             x, rotary = multimodal_step(x, ctx, self.config, rotary)
         residual = None
-        for layer in self.layers:
-            x, residual = layer(x, residual, positions, rotary, ctx)
+        layers = self.layers
+        for i, layer in enumerate(layers):
+            nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else None
+            x, residual = layer(x, residual, positions, rotary, ctx, nxt)
         x, _ = self.norm(x, residual)
         return x
 
