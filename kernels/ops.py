@@ -49,6 +49,8 @@ registry.register("gated_rms_norm", _norm.gated_rms_norm, "norm.kernel:gated_rms
                   lambda x, z, w, eps: _ok(x, z))
 registry.register("rotary_", _rot.rotary_, "rotary.kernel:rotary_",
                   lambda q, k, *a: _ok(q, k) and _last_contig(q, k))
+registry.register("qk_norm_rotary", _rot.qk_norm_rotary, "rotary.kernel:qk_norm_rotary",
+                  lambda q, k, *a, **kw: _ok(q, k) and _last_contig(q, k) and q.shape[-1] <= 512)
 registry.register("silu_and_mul", _act.silu_and_mul, "activation.kernel:silu_and_mul",
                   lambda x: _ok(x))
 registry.register("store_kv", _kv.store_kv, "kv_cache.kernel:store_kv",
@@ -116,6 +118,14 @@ def gated_norm_linear(o, z, norm_weight, eps, weight, *, add_norm=None):
 def rotary_(q, k, positions, cos_sin_cache, rot_dim):
     """In-place NeoX rotary on the first rot_dim of head_dim of q [T,Hq,D] and k [T,Hk,D]."""
     return registry.dispatch("rotary_", q, k, positions, cos_sin_cache, rot_dim)
+
+
+def qk_norm_rotary(q, k, q_weight, k_weight, eps, positions, cos_sin_cache, rot_dim, *,
+                   zero_centred=False):
+    """rotary_ of the per-head RMSNorms of q [T,Hq,D] and k [T,Hk,D] (weights [D]; zero_centred:
+    applied as 1 + w), as new contiguous tensors (q, k): one kernel instead of three."""
+    return registry.dispatch("qk_norm_rotary", q, k, q_weight, k_weight, eps, positions,
+                             cos_sin_cache, rot_dim, zero_centred=zero_centred)
 
 
 def silu_and_mul(x):

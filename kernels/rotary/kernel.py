@@ -1,11 +1,13 @@
-"""Triton kernel for partial NeoX rotary embedding, in place on q and k (one program per token)."""
+"""Triton kernels for partial NeoX rotary embedding (one program per token): in place on q and k,
+and fused with the per-head q/k RMSNorm that precedes it in the gated attention (two kernels
+fewer per attention layer and step)."""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .._triton_util import next_pow2
+from .._triton_util import empty, next_pow2
 from ..pdl import pdl_args, pdl_start
 
 
@@ -50,3 +52,66 @@ def rotary_(q, k, positions, cos_sin_cache, rot_dim):
                          BLOCK_H=next_pow2(max(Hq, Hk)), BLOCK_R=next_pow2(half), num_warps=2,
                          **pdl_args(q.device))
     return q, k
+
+
+@triton.jit
+def _norm_rotate_heads(x_ptr, o_ptr, w_ptr, H, D, s_t, s_h, t, d, part, rot, cos, ssin, eps,
+                       ZC: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Token t's H heads of x: RMSNorm over D (rounded to the output dtype, as the norm kernel's
+    output), then rotary on the first dims; into o [T, H, D] contiguous. part: the rotary
+    partner of each dim (its other half), ssin: sin with the rotation's sign."""
+    h = tl.arange(0, BLOCK_H)
+    dm = d < D
+    m = (h < H)[:, None] & dm[None, :]
+    base = x_ptr + t.to(tl.int64) * s_t + h[:, None] * s_h
+    x = tl.load(base + d[None, :], mask=m, other=0.0).to(tl.float32)
+    xp = tl.load(base + part[None, :], mask=m & rot[None, :], other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + d, mask=dm, other=0.0).to(tl.float32)
+    wp = tl.load(w_ptr + part, mask=rot, other=0.0).to(tl.float32)
+    if ZC:
+        w = w + 1.0
+        wp = wp + 1.0
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
+    dt = o_ptr.dtype.element_ty
+    y = (x * rstd[:, None] * w[None, :]).to(dt).to(tl.float32)
+    yp = (xp * rstd[:, None] * wp[None, :]).to(dt).to(tl.float32)
+    out = tl.where(rot[None, :], y * cos[None, :] + yp * ssin[None, :], y)
+    tl.store(o_ptr + (t.to(tl.int64) * H + h[:, None]) * D + d[None, :], out.to(dt), mask=m)
+
+
+@triton.jit
+def _qk_norm_rotary_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, qw_ptr, kw_ptr, pos_ptr, cs_ptr, Hq, Hk,
+                           D, sq_t, sq_h, sk_t, sk_h, s_cs, eps, HALF: tl.constexpr,
+                           ZC: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+                           BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_start(PDL)
+    t = tl.program_id(0)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    rot = d < 2 * HALF
+    part = tl.where(d < HALF, d + HALF, d - HALF)
+    c = tl.where(rot, d % HALF, 0)
+    cos = tl.load(cs_ptr + pos * s_cs + c, mask=rot, other=1.0).to(tl.float32)
+    sin = tl.load(cs_ptr + pos * s_cs + HALF + c, mask=rot, other=0.0).to(tl.float32)
+    ssin = tl.where(d < HALF, -sin, sin)
+    _norm_rotate_heads(q_ptr, qo_ptr, qw_ptr, Hq, D, sq_t, sq_h, t, d, part, rot, cos, ssin, eps,
+                       ZC, BLOCK_HQ)
+    _norm_rotate_heads(k_ptr, ko_ptr, kw_ptr, Hk, D, sk_t, sk_h, t, d, part, rot, cos, ssin, eps,
+                       ZC, BLOCK_HK)
+
+
+def qk_norm_rotary(q, k, q_weight, k_weight, eps, positions, cos_sin_cache, rot_dim, *,
+                   zero_centred=False):
+    T, Hq, D = q.shape
+    Hk = k.shape[1]
+    assert q.stride(-1) == 1 and k.stride(-1) == 1, "qk_norm_rotary: head_dim must be contiguous"
+    qo = empty((T, Hq, D), q.dtype, q.device)
+    ko = empty((T, Hk, D), k.dtype, k.device)
+    if T == 0:
+        return qo, ko
+    _qk_norm_rotary_kernel[(T,)](
+        q, k, qo, ko, q_weight, k_weight, positions, cos_sin_cache, Hq, Hk, D, q.stride(0),
+        q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0), float(eps),
+        HALF=rot_dim // 2, ZC=bool(zero_centred), BLOCK_HQ=next_pow2(Hq), BLOCK_HK=next_pow2(Hk),
+        BLOCK_D=next_pow2(D), num_warps=4, **pdl_args(q.device))
+    return qo, ko

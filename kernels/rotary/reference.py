@@ -25,6 +25,17 @@ def rotary_(q, k, positions, cos_sin_cache, rot_dim):
     return q, k
 
 
+def qk_norm_rotary(q, k, q_weight, k_weight, eps, positions, cos_sin_cache, rot_dim, *,
+                   zero_centred=False):
+    """(rotary(rms_norm(q)), rotary(rms_norm(k))) as new [T, H, D] tensors: the per-head q/k
+    norms (weights [D]) and the rotary of the gated attention, in one op."""
+    from ..norm.reference import rms_norm
+
+    qn = rms_norm(q, q_weight, eps, zero_centred=zero_centred).contiguous()
+    kn = rms_norm(k, k_weight, eps, zero_centred=zero_centred).contiguous()
+    return rotary_(qn, kn, positions, cos_sin_cache, rot_dim)
+
+
 def make_cos_sin_cache(max_pos, rot_dim, base=10_000_000.0, device=None, dtype=torch.float32):
     """Rows [cos(pos * inv_freq) | sin(pos * inv_freq)], inv_freq = base^(-2i/rot_dim)."""
     inv = 1.0 / (base ** (torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim))

@@ -91,6 +91,34 @@ def test_rotary(dtype, rot_dim):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("D,rot_dim,zc", [(32, 8, True), (24, 24, False), (256, 64, True)])
+def test_qk_norm_rotary(dtype, D, rot_dim, zc):
+    """Per-head q/k RMSNorm then rotary in one kernel, q a strided view of [q | gate] heads
+    (the gated attention's projection), D not a power of two in one case."""
+    g = torch.Generator().manual_seed(D + rot_dim)
+    T, Hq, Hk = 5, 3, 2
+    qg = randn(T, Hq, 2 * D, dtype=dtype, gen=g)
+    q = qg[..., :D]
+    k = randn(T, Hk, D, dtype=dtype, gen=g)
+    qw = randn(D, dtype=dtype, gen=g, scale=0.3)
+    kw = randn(D, dtype=dtype, gen=g, scale=0.3)
+    cache = make_cos_sin_cache(100, rot_dim, base=10000.0, device=DEVICE)
+    pos = torch.tensor([0, 3, 99, 7, 50], dtype=torch.int64, device=DEVICE)
+    args = (q, k, qw, kw, 1e-6, pos, cache, rot_dim)
+    got = registry.call_triton("qk_norm_rotary", *args, zero_centred=zc)
+    ref = registry.call_reference("qk_norm_rotary", *args, zero_centred=zc)
+    for a, b in zip(got, ref):
+        assert a.is_contiguous() and a.shape == b.shape
+        assert_close(a, b)
+    # the same as the three ops one after the other
+    qn = registry.call_reference("rms_norm", q, qw, 1e-6, zero_centred=zc).contiguous()
+    kn = registry.call_reference("rms_norm", k, kw, 1e-6, zero_centred=zc).contiguous()
+    registry.call_reference("rotary_", qn, kn, pos, cache, rot_dim)
+    assert_close(got[0], qn)
+    assert_close(got[1], kn)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul(dtype):
     g = torch.Generator().manual_seed(4)
     x = randn(3, 2 * 1030, dtype=dtype, gen=g)

@@ -39,11 +39,15 @@ class Attention(nn.Module):
         qg, k, v = self.qkv(x)
         t = qg.shape[0]
         qg = qg.view(t, h, 2 * d)
-        q = self.q_norm(qg[..., :d])          # a strided view: the norm reads it in place
         gate = qg[..., d:]
-        k = self.k_norm(k.reshape(t, hk, d))
         v = v.reshape(t, hk, d)
-        rotary(q, k, positions)
+        fused = getattr(rotary, "norm_and_rotate", None)     # not the multimodal steps' M-RoPE
+        if fused is not None:                 # q: a strided view, read in place
+            q, k = fused(qg[..., :d], k.reshape(t, hk, d), self.q_norm, self.k_norm, positions)
+        else:
+            q = self.q_norm(qg[..., :d])
+            k = self.k_norm(k.reshape(t, hk, d))
+            rotary(q, k, positions)
         if self.k_cache is None:
             # No cache bound (e.g. a memory-profiling run): fresh sequences only; this step's
             # k/v serve as a paged cache with one token per block.

@@ -16,6 +16,7 @@ from g906.kernels.ops import (  # noqa: F401
     linear_fuses_norm,
     paged_decode_attention,
     prefill_attention,
+    qk_norm_rotary,
     rms_norm,
     rotary_,
     silu_and_mul,

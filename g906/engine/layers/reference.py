@@ -98,6 +98,14 @@ def gated_norm_linear(o, z, norm_weight, eps, weight):
 # rotary
 
 
+def qk_norm_rotary(q, k, q_weight, k_weight, eps, positions, cos_sin_cache, rot_dim, *, zero_centred=False):
+    """Per-head RMSNorm of q and k, then rotary_ on the results (new tensors)."""
+    q = rms_norm(q, q_weight, eps, zero_centred=zero_centred).contiguous()
+    k = rms_norm(k, k_weight, eps, zero_centred=zero_centred).contiguous()
+    rotary_(q, k, positions, cos_sin_cache, rot_dim)
+    return q, k
+
+
 def make_cos_sin_cache(max_pos, rot_dim, base=10_000_000.0, device=None, dtype=torch.float32):
     """Rows [cos(p * inv_freq) | sin(p * inv_freq)] for p < max_pos; inv_freq_i = base^(-2i/rot_dim)."""
     inv = 1.0 / (base ** (torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim))

@@ -19,3 +19,9 @@ class RotaryEmbedding:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> None:
         ops.rotary_(q, k, positions, self.cos_sin_cache, self.rotary_dim)
+
+    def norm_and_rotate(self, q, k, q_norm, k_norm, positions):
+        """(self(q_norm(q)), self(k_norm(k))) for per-head RMSNorms of one eps and weight
+        convention: one kernel on GPUs (ops.qk_norm_rotary)."""
+        return ops.qk_norm_rotary(q, k, q_norm.weight, k_norm.weight, q_norm.eps, positions,
+                                  self.cos_sin_cache, self.rotary_dim, zero_centred=q_norm.zero_centred)
