@@ -66,15 +66,20 @@ def test_greedy_32_matches_transformers(runner, hf_refs, length):
     assert runner.greedy(1, prompt, 32) == hf_refs("greedy", length)
 
 
-def test_decode_logits_match_transformers(runner, tiny_qwen35_hf_model):
-    """Every decode step's logits, not only the argmax (crosses a KV block boundary)."""
+def _decode_steps_match(runner, hf_model, steps):
+    """A 14-token prompt into slot 2, then `steps` decode steps, each step's logits against
+    transformers (not only the argmax; 6 steps cross a KV block boundary)."""
     prompt = random_prompt(14, seed=5)
     runner.step([2], [prompt])
     seq = list(prompt)
-    for tok in random_prompt(6, seed=6):
+    for tok in random_prompt(steps, seed=6):
         seq.append(tok)
         got = runner.step([2], [[tok]], is_prefill=False)[0]
-        assert rel_err(got, hf_logits(tiny_qwen35_hf_model, seq)[-1]) < TOL
+        assert rel_err(got, hf_logits(hf_model, seq)[-1]) < TOL
+
+
+def test_decode_logits_match_transformers(runner, tiny_qwen35_hf_model):
+    _decode_steps_match(runner, tiny_qwen35_hf_model, 6)
 
 
 def test_flat_batch_equals_each_alone(g906_tiny, hf_refs):
@@ -180,13 +185,7 @@ def test_norms_split_over_the_projections(g906_tiny, tiny_qwen35_hf_model, hf_re
     layers = g906_tiny.model.config.num_hidden_layers
     # every norm but the first layer's input norm and the final one
     assert seen == {"add_norm": 2 * layers - 1, "rms_of": 2 * layers - 1}
-    prompt = random_prompt(14, seed=5)
-    r.step([2], [prompt])
-    seq = list(prompt)
-    for tok in random_prompt(4, seed=6):
-        seq.append(tok)
-        got = r.step([2], [[tok]], is_prefill=False)[0]
-        assert rel_err(got, hf_logits(tiny_qwen35_hf_model, seq)[-1]) < TOL
+    _decode_steps_match(r, tiny_qwen35_hf_model, 4)
     assert r.greedy(1, random_prompt(17, seed=17), 32) == hf_refs("greedy", 17)
 
 
