@@ -346,14 +346,13 @@ def dense_gemv(x, weight, *, prologue=None, add_norm=None, rms_of=None, **cfg):
         assert x.shape[1] == K
     hn, r, sr, anw, ss_out, zc = _add_norm_args(add_norm, out, triton.cdiv(N, c["BLOCK_N"]))
     ss_in, p_in, eps_in = _rms_of_args(rms_of, x)
-    if T == 0:
-        return out
     warps = c.pop("num_warps")
-    _gemv_kernel[(triton.cdiv(N, c["BLOCK_N"]),)](
-        x, weight, out, N, K, T, x.stride(0), weight.stride(0), out.stride(0), z, nw, sz_t, sz_h,
-        float(eps), r, sr, hn, anw, ss_out, ss_in, p_in, eps_in, EVEN_K=K % c["BLOCK_K"] == 0,
-        PRO=pro, G=G, ADD_NORM=zc, RMS_IN=rms_of is not None, BLOCK_P=next_pow2(p_in),
-        num_warps=warps, **c, **pdl_args(x.device))
+    if T > 0:
+        _gemv_kernel[(triton.cdiv(N, c["BLOCK_N"]),)](
+            x, weight, out, N, K, T, x.stride(0), weight.stride(0), out.stride(0), z, nw, sz_t,
+            sz_h, float(eps), r, sr, hn, anw, ss_out, ss_in, p_in, eps_in,
+            EVEN_K=K % c["BLOCK_K"] == 0, PRO=pro, G=G, ADD_NORM=zc, RMS_IN=rms_of is not None,
+            BLOCK_P=next_pow2(p_in), num_warps=warps, **c, **pdl_args(x.device))
     return (out, hn, ss_out) if add_norm is not None else out
 
 
@@ -1011,11 +1010,6 @@ def _pq_gemv_config_cached(T, N, K, qtype, device):
     return dict(BLOCK_N=block_n, num_warps=warps, SPLIT=split, PREFETCH=prefetch)
 
 
-def _pq_dot(x, T) -> bool:
-    """Tensor cores for a few rows (not on ROCm: gfx906 has no matrix cores)."""
-    return T >= 2 and x.dtype == torch.float16 and x.device.type == "cuda" and not is_rocm()
-
-
 def packed_matmul(x, pw, *, silu=False, **cfg):
     """x [T, K] @ dequant(pw)^T -> [T, N] for a PackedQuant pw (GEMV for T <= 16).
     silu: x is [T, 2K] = [gate | up] and the product is with silu(gate) * up (applied on load
@@ -1031,8 +1025,9 @@ def packed_matmul(x, pw, *, silu=False, **cfg):
     if T == 0:
         return out
     dot = cfg.pop("DOT", None)
-    if dot is None:
-        dot = _pq_dot(x, T)
+    if dot is None:  # tensor cores for a few rows (not on ROCm: gfx906 has no matrix cores)
+        dot = (T >= 2 and x.dtype == torch.float16 and x.device.type == "cuda"
+               and not is_rocm())
     if silu and (T > 16 or dot):
         from .. import ops
 

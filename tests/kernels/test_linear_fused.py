@@ -269,3 +269,12 @@ def test_rms_of_with_many_partial_sums():
     ss = randn(T, 300, gen=g).abs()
     assert_close(registry.call_triton("linear", x, w, rms_of=(ss, 1e-6)),
                  registry.call_reference("linear", x, w, rms_of=(ss, 1e-6)))
+
+
+def test_add_norm_with_no_tokens():
+    """An empty batch still returns the three outputs (h, hn, partial sums), all empty."""
+    g = torch.Generator().manual_seed(17)
+    w = randn(8, 16, gen=g)
+    x = randn(0, 16, gen=g)
+    h, hn, ss = registry.call_triton("linear", x, w, add_norm=(randn(0, 8, gen=g), randn(8, gen=g), True))
+    assert h.shape == hn.shape == (0, 8) and ss.shape[0] == 0
