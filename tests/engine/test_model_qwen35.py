@@ -120,10 +120,15 @@ def test_chunked_prefill_equals_one_shot(g906_tiny, hf_refs):
     assert r.greedy(1, prompt, 32, prefill_chunk=100) == hf_refs("greedy", 300)
 
 
-def test_no_cache_run_matches(tiny_qwen35_hf_dir, hf_refs):
-    """Without a bound cache (a memory-profiling run) fresh sequences still compute right."""
+@pytest.mark.parametrize("split_norms", [False, True])
+def test_no_cache_run_matches(tiny_qwen35_hf_dir, hf_refs, monkeypatch, split_norms):
+    """Without a bound cache (a memory-profiling run) fresh sequences still compute right,
+    also with the layers' inputs as NormedInputs (the split norms forced on)."""
     from g906.engine.context import ForwardContext
+    from g906.engine.layers import ops
 
+    if split_norms:
+        monkeypatch.setattr(ops, "linear_fuses_norm", lambda x, w: True)
     lm = load_model(str(tiny_qwen35_hf_dir), device="cpu", progress=False)
     p1, p2 = random_prompt(300, seed=300), random_prompt(17, seed=17)
     n = len(p1) + len(p2)

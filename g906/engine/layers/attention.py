@@ -54,7 +54,7 @@ class Attention(nn.Module):
             k_cache, v_cache = k.view(t, 1, hk, d), v.view(t, 1, hk, d)
             cu = ctx.cu_seqlens_q.long()
             lens = cu[1:] - cu[:-1]
-            cols = torch.arange(int(lens.max()) if t else 0, device=x.device)
+            cols = torch.arange(int(lens.max()) if t else 0, device=qg.device)
             block_tables = (cu[:-1, None] + cols[None, :]).clamp(max=max(t - 1, 0)).to(torch.int32)
             return self.o_proj(
                 ops.prefill_attention(q, k_cache, v_cache, block_tables, ctx.cu_seqlens_q, lens.to(torch.int32),

@@ -88,9 +88,9 @@ class GatedDeltaNet(WeightHolder):
             nseq = ctx.num_seqs
             conv_state = qkv.new_zeros(nseq, self.conv_dim, w.shape[1] - 1)
             ssm_state = torch.zeros(nseq, self.num_v_heads, self.head_k_dim, self.head_v_dim,
-                                    dtype=torch.float32, device=x.device)
-            slots = torch.arange(nseq, dtype=torch.int32, device=x.device)
-            has_init = torch.zeros(nseq, dtype=torch.bool, device=x.device)
+                                    dtype=torch.float32, device=qkv.device)
+            slots = torch.arange(nseq, dtype=torch.int32, device=qkv.device)
+            has_init = torch.zeros(nseq, dtype=torch.bool, device=qkv.device)
         if ctx.is_prefill:
             qkv = ops.causal_conv1d_prefill(qkv, w, ctx.cu_seqlens_q, conv_state, slots, has_init)
         else:
