@@ -300,6 +300,16 @@ def bench_decode_attention(quick):
                     if res:
                         ms = min(ms, res[0][0])
                         best = f"best (block_n, warps, per_sm)={res[0][1]}"
+                if B == 1 and ctx == 32768:  # long context, one sequence: slices and programs
+                    res = []
+                    for ms_len in (64, 128, 256):
+                        for ps in (2, 4, 8):
+                            res.append((bench_graph(lambda: registry.call_triton(
+                                "paged_decode_attention", q, kc, vc, tables, sl, scale, gate=gate,
+                                min_split=ms_len, per_sm=ps)), (ms_len, ps)))
+                    res.sort(key=lambda r: r[0])
+                    best += " (min_split, per_sm): " + ", ".join(
+                        f"{c} {t * 1e3:.1f} us" for t, c in res[:4])
                 if B == 1 and ctx <= 8192:   # short contexts: the slice length per program
                     res = []
                     for ms_len in (64, 128, 256):

@@ -23,11 +23,21 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _load_kv_tile(c_ptr, bt_row_ptr, n, nmask, kh, d, dmask, block_size, s_blk, s_off, s_h):
-    blk = tl.load(bt_row_ptr + n // block_size, mask=nmask, other=0).to(tl.int64)
+def _block_ids(bt_row_ptr, n, nmask, block_size):
+    return tl.load(bt_row_ptr + n // block_size, mask=nmask, other=0).to(tl.int64)
+
+
+@triton.jit
+def _load_kv_at(c_ptr, blk, n, nmask, kh, d, dmask, block_size, s_blk, s_off, s_h):
     off = (n % block_size).to(tl.int64)
     ptr = c_ptr + blk[:, None] * s_blk + off[:, None] * s_off + kh * s_h + d[None, :]
     return tl.load(ptr, mask=nmask[:, None] & dmask[None, :], other=0.0)
+
+
+@triton.jit
+def _load_kv_tile(c_ptr, bt_row_ptr, n, nmask, kh, d, dmask, block_size, s_blk, s_off, s_h):
+    blk = _block_ids(bt_row_ptr, n, nmask, block_size)
+    return _load_kv_at(c_ptr, blk, n, nmask, kh, d, dmask, block_size, s_blk, s_off, s_h)
 
 
 @triton.jit
@@ -58,11 +68,16 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, gate_ptr, out_ptr, po_
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     bt_row = bt_ptr + b64 * sbt_b
+    # the next tile's block ids are loaded with this tile's keys and values, so the table
+    # lookup is not a memory round trip of its own in every iteration of the slice
+    n = start + tl.arange(0, BLOCK_N)
+    blk = _block_ids(bt_row, n, n < end, block_size)
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         nmask = n < end
-        k = _load_kv_tile(kc_ptr, bt_row, n, nmask, kh, d, dmask, block_size, sk_blk, sk_off, sk_h)
-        v = _load_kv_tile(vc_ptr, bt_row, n, nmask, kh, d, dmask, block_size, sv_blk, sv_off, sv_h)
+        k = _load_kv_at(kc_ptr, blk, n, nmask, kh, d, dmask, block_size, sk_blk, sk_off, sk_h)
+        v = _load_kv_at(vc_ptr, blk, n, nmask, kh, d, dmask, block_size, sv_blk, sv_off, sv_h)
+        blk = _block_ids(bt_row, n + BLOCK_N, n + BLOCK_N < end, block_size)
         if USE_DOT:
             if FP32:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
@@ -106,11 +121,13 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, gate_ptr, out_ptr, po_
 def _decode_reduce_kernel(po_ptr, pl_ptr, gate_ptr, out_ptr, num_splits, Hq, sg_b, sg_h, so_b,
                           so_h, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr,
                           HAS_GATE: tl.constexpr, PDL: tl.constexpr = False):
+    """One program per (sequence, query head, BLOCK_D columns of the head): every program
+    reads the head's log-sum-exps, only its columns of the partial outputs."""
     pdl_start(PDL)
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
-    d = tl.arange(0, BLOCK_D)
+    d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     smask = s < num_splits
     dmask = d < D
     row0 = (b * Hq + h) * num_splits
@@ -124,6 +141,11 @@ def _decode_reduce_kernel(po_ptr, pl_ptr, gate_ptr, out_ptr, num_splits, Hq, sg_
         gt = tl.load(gate_ptr + b * sg_b + h * sg_h + d, mask=dmask, other=0.0).to(tl.float32)
         out = out / (1.0 + tl.exp(-gt))
     tl.store(out_ptr + b * so_b + h * so_h + d, out.to(out_ptr.dtype.element_ty), mask=dmask)
+
+
+# Partial outputs one reduce program holds: [splits, columns] fp32 tiles of at most this many
+# elements (32 registers per thread at 4 warps; a whole 256-wide head over 128 splits spilled).
+REDUCE_TILE = 4096
 
 
 # Shortest context slice per decode program: each slice is a serial chain of block-table
@@ -151,8 +173,11 @@ def _decode_config(q, k_cache, block_tables, num_kv, max_seq_len, block_n=None, 
     if max_seq_len is not None:
         max_ctx = min(max_ctx, int(max_seq_len))
     max_ctx = max(max_ctx, 1)
-    if per_sm is None:  # H200 sweep: long contexts like more, shorter splits
-        per_sm = 8 if max_ctx >= 16384 else 4
+    if per_sm is None:
+        # H200 sweep (docs/PERF.md, sixth session; 0.8B/9B/27B, B = 1/8/32, ctx 8k/32k): with
+        # the block ids prefetched, 2 programs per SM (longer slices) is the best or within 3%
+        # everywhere; the 4 / 8 chosen before the prefetch lost up to 27% (9B B=1 ctx 32k)
+        per_sm = 2
     target = per_sm * num_sms(q.device)
     if min_split is None:
         min_split = MIN_SPLIT_LONG if max_ctx >= 16384 else MIN_SPLIT
@@ -193,9 +218,11 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, *
         HAS_GATE=gate is not None, USE_DOT=use_dot, FP32=q.dtype == torch.float32,
         num_warps=num_warps, **pdl_args(q.device))
     if not direct:
-        _decode_reduce_kernel[(B, Hq)](
+        BLOCK_S = next_pow2(splits)
+        block_dr = max(16, min(BLOCK_D, REDUCE_TILE // BLOCK_S))
+        _decode_reduce_kernel[(B, Hq, triton.cdiv(D, block_dr))](
             po, pl, g, out, splits, Hq, g.stride(0), g.stride(1), out.stride(0), out.stride(1),
-            D=D, BLOCK_D=BLOCK_D, BLOCK_S=next_pow2(splits), HAS_GATE=gate is not None,
+            D=D, BLOCK_D=block_dr, BLOCK_S=BLOCK_S, HAS_GATE=gate is not None,
             num_warps=4, **pdl_args(q.device))
     return out
 

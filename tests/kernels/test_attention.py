@@ -32,6 +32,26 @@ def test_paged_decode(dtype, splits, with_gate):
     assert_close(out, ref)
 
 
+@pytest.mark.parametrize("tile", [64, 128])
+def test_paged_decode_reduce_split_over_head_columns(monkeypatch, tile):
+    """The split-combining kernel takes a head's columns in pieces (here 16 or 32 of D = 40,
+    the last piece masked): every piece must weigh the same splits."""
+    from g906.kernels.attention import kernel
+    monkeypatch.setattr(kernel, "REDUCE_TILE", tile)
+    g = torch.Generator().manual_seed(13)
+    Hq, Hk, D, bs = 4, 2, 40, 4
+    seq_lens = [9, 70]
+    kc, vc = paged_cache(30, bs, Hk, D, torch.float32)
+    tables = fill_sequences(kc, vc, seq_lens, g)
+    q = randn(2, Hq, D, dtype=torch.float32, gen=g)
+    gate = randn(2, Hq, D, dtype=torch.float32, gen=g)
+    sl = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    args = (q, kc, vc, tables, sl, D ** -0.5)
+    ref = registry.call_reference("paged_decode_attention", *args, gate=gate)
+    out = registry.call_triton("paged_decode_attention", *args, gate=gate, block_n=16, num_splits=4)
+    assert_close(out, ref)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("with_gate", [False, True])
 def test_prefill_attention(dtype, with_gate):
