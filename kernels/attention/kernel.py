@@ -43,7 +43,7 @@ def _load_kv_tile(c_ptr, bt_row_ptr, n, nmask, kh, d, dmask, block_size, s_blk, 
 @triton.jit
 def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, gate_ptr, out_ptr, po_ptr, pl_ptr,
                    qk_scale, sq_b, sq_h, sk_blk, sk_off, sk_h, sv_blk, sv_off, sv_h, sbt_b,
-                   sg_b, sg_h, so_b, so_h, block_size, split_len, num_splits,
+                   sg_b, sg_h, so_b, so_h, block_size, num_splits,
                    G: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                    BLOCK_N: tl.constexpr, DIRECT: tl.constexpr, HAS_GATE: tl.constexpr,
                    USE_DOT: tl.constexpr, FP32: tl.constexpr, PDL: tl.constexpr = False):
@@ -52,6 +52,9 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, gate_ptr, out_ptr, po_
     kh = tl.program_id(1)
     sp = tl.program_id(2)
     seq_len = tl.load(sl_ptr + b)
+    # this sequence's own slice length: its context shared by all the splits (at least a tile
+    # each), so a short sequence in a graph captured for long ones still has all its programs
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
     start = sp * split_len
     end = tl.minimum(start + split_len, seq_len)
     g = tl.arange(0, BLOCK_G)
@@ -148,10 +151,12 @@ def _decode_reduce_kernel(po_ptr, pl_ptr, gate_ptr, out_ptr, num_splits, Hq, sg_
 REDUCE_TILE = 4096
 
 
-# Shortest context slice per decode program: each slice is a serial chain of block-table
-# lookups and K/V tile loads, so short contexts want short slices. H200, 9B, B=1 (kernel
-# benchmark): ctx 1k 18.7 / 11.6 / 8.8 us with slices of 256 / 128 / 64, ctx 8k 20.9 / 16.8 /
-# 19.5 us. Long contexts (>= 16k) keep the swept 256.
+# Shortest context slice per decode program for a sequence that fills its block table: the
+# split count is capped at max_ctx / MIN_SPLIT. Each slice is a serial chain of K/V tile
+# loads, so short contexts want short slices. H200, 9B, B=1 (kernel benchmark, before the
+# block-id prefetch): ctx 1k 18.7 / 11.6 / 8.8 us with slices of 256 / 128 / 64, ctx 8k 20.9 /
+# 16.8 / 19.5 us. Long contexts (>= 16k) keep the swept 256. Shorter sequences than the table
+# allows run on the same programs with shorter slices (the kernel divides its own length).
 MIN_SPLIT = 128
 MIN_SPLIT_LONG = 256
 
@@ -182,9 +187,9 @@ def _decode_config(q, k_cache, block_tables, num_kv, max_seq_len, block_n=None, 
     if min_split is None:
         min_split = MIN_SPLIT_LONG if max_ctx >= 16384 else MIN_SPLIT
     splits = max(1, min(triton.cdiv(target, B * num_kv), triton.cdiv(max_ctx, min_split)))
-    split_len = triton.cdiv(triton.cdiv(max_ctx, splits), BLOCK_N) * BLOCK_N
-    splits = triton.cdiv(max_ctx, split_len)
-    return G, BLOCK_G, BLOCK_N, splits, split_len, use_dot
+    # no split that a full-length sequence would leave empty (the kernel's own rounding)
+    splits = triton.cdiv(max_ctx, triton.cdiv(triton.cdiv(max_ctx, splits), BLOCK_N) * BLOCK_N)
+    return G, BLOCK_G, BLOCK_N, splits, use_dot
 
 
 def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None,
@@ -195,12 +200,10 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, *
     out = empty_like(q)
     if B == 0:
         return out
-    G, BLOCK_G, BLOCK_N, splits, split_len, use_dot = _decode_config(
+    G, BLOCK_G, BLOCK_N, splits, use_dot = _decode_config(
         q, k_cache, block_tables, num_kv, max_seq_len, block_n, per_sm, min_split)
     if num_splits is not None:  # explicit override (tests / tuning)
-        max_ctx = block_tables.shape[1] * k_cache.shape[1]
-        split_len = triton.cdiv(triton.cdiv(max_ctx, num_splits), BLOCK_N) * BLOCK_N
-        splits = triton.cdiv(max_ctx, split_len)
+        splits = max(1, int(num_splits))
     direct = splits == 1
     if direct:
         po = pl = out
@@ -213,7 +216,7 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, *
         q, k_cache, v_cache, block_tables, seq_lens, g, out, po, pl, float(scale) * LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
-        g.stride(0), g.stride(1), out.stride(0), out.stride(1), k_cache.shape[1], split_len, splits,
+        g.stride(0), g.stride(1), out.stride(0), out.stride(1), k_cache.shape[1], splits,
         G=G, BLOCK_G=BLOCK_G, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DIRECT=direct,
         HAS_GATE=gate is not None, USE_DOT=use_dot, FP32=q.dtype == torch.float32,
         num_warps=num_warps, **pdl_args(q.device))

@@ -32,6 +32,26 @@ def test_paged_decode(dtype, splits, with_gate):
     assert_close(out, ref)
 
 
+@pytest.mark.parametrize("splits", [None, 5, 16])
+def test_paged_decode_short_sequences_in_a_wide_table(splits):
+    """Decode graphs size the block tables for max_model_len: sequences much shorter than the
+    table share every split (each divides its own length), empty splits must weigh nothing."""
+    g = torch.Generator().manual_seed(15)
+    Hq, Hk, D, bs = 4, 2, 24, 4
+    seq_lens = [2, 19, 61, 5]
+    kc, vc = paged_cache(40, bs, Hk, D, torch.float32)
+    tables = fill_sequences(kc, vc, seq_lens, g)
+    tables = torch.cat([tables, torch.zeros(len(seq_lens), 48, dtype=torch.int32, device=DEVICE)], 1)
+    q = randn(len(seq_lens), Hq, D, dtype=torch.float32, gen=g)
+    gate = randn(len(seq_lens), Hq, D, dtype=torch.float32, gen=g)
+    sl = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    args = (q, kc, vc, tables, sl, D ** -0.5)
+    ref = registry.call_reference("paged_decode_attention", *args, gate=gate)
+    kw = {} if splits is None else {"num_splits": splits}
+    out = registry.call_triton("paged_decode_attention", *args, gate=gate, block_n=16, **kw)
+    assert_close(out, ref)
+
+
 @pytest.mark.parametrize("tile", [64, 128])
 def test_paged_decode_reduce_split_over_head_columns(monkeypatch, tile):
     """The split-combining kernel takes a head's columns in pieces (here 16 or 32 of D = 40,
