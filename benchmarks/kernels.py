@@ -322,6 +322,14 @@ def bench_decode_attention(quick):
                     ms_ref = bench_plain(lambda: registry.call_reference(
                         "paged_decode_attention", q, kc, vc, tables, sl, scale, gate=gate), rep=50)
                 record("decode", f"{model} attn B={B} ctx={ctx}", nbytes, ms, ms_ref, best)
+                if ctx == 1024 and B <= 8:
+                    # as in a decode graph captured for max_model_len = 32k: the block table
+                    # is 32k wide, the sequences hold 1k
+                    wide = torch.zeros(B, 32768 // 16, dtype=torch.int32, device="cuda")
+                    wide[:, :tables.shape[1]] = tables
+                    ms = bench_graph(lambda: registry.call_triton(
+                        "paged_decode_attention", q, kc, vc, wide, sl, scale, gate=gate))
+                    record("decode", f"{model} attn B={B} ctx={ctx} in a 32k table", nbytes, ms)
                 del kc, vc
         torch.cuda.empty_cache()
 
