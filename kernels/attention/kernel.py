@@ -181,8 +181,14 @@ def _decode_config(q, k_cache, block_tables, num_kv, max_seq_len, block_n=None, 
     if per_sm is None:
         # H200 sweep (docs/PERF.md, sixth session; 0.8B/9B/27B, B = 1/8/32, ctx 8k/32k): with
         # the block ids prefetched, 2 programs per SM (longer slices) is the best or within 3%
-        # everywhere; the 4 / 8 chosen before the prefetch lost up to 27% (9B B=1 ctx 32k)
-        per_sm = 2
+        # everywhere; the 4 / 8 chosen before the prefetch lost up to 27% (9B B=1 ctx 32k).
+        # The broadcast path (ROCm, gfx906) walks 8-position tiles: at 2 per SM a 9B slice at
+        # 32k would chain ~140 of them (60 CUs), so it keeps the earlier, shorter slices until
+        # it is measured on a gfx906.
+        if use_dot:
+            per_sm = 2
+        else:
+            per_sm = 8 if max_ctx >= 16384 else 4
     target = per_sm * num_sms(q.device)
     if min_split is None:
         min_split = MIN_SPLIT_LONG if max_ctx >= 16384 else MIN_SPLIT
