@@ -493,13 +493,16 @@ def quant_matmul(x, qweight, **cfg):
 def linear(x, weight, *, add_norm=None, rms_of=None, **cfg):
     """add_norm, rms_of (residual_norm.py): inside the GEMV where linear_fuses_norm, else
     computed around the product as reference.py defines them."""
-    if getattr(weight, "planes", None) is not None:  # PackedQuant (repack.prepare)
-        return _around(packed_matmul, x, weight, add_norm, rms_of, **cfg)
-    if isinstance(weight, torch.Tensor):
-        if x.shape[0] > 16:  # prefill: the vendor GEMM (rocBLAS / cuBLAS) is the right tool
-            return _around(lambda a, w: a @ w.t(), x, weight, add_norm, rms_of)
+    dense = isinstance(weight, torch.Tensor)
+    if dense and x.shape[0] <= 16:
         return dense_gemv(x, weight, add_norm=add_norm, rms_of=rms_of, **cfg)
-    return _around(quant_matmul, x, weight, add_norm, rms_of, **cfg)
+    if add_norm is not None or rms_of is not None:
+        return _around(linear, x, weight, add_norm, rms_of, **cfg)
+    if getattr(weight, "planes", None) is not None:  # PackedQuant (repack.prepare)
+        return packed_matmul(x, weight, **cfg)
+    if dense:  # prefill: the vendor GEMM (rocBLAS / cuBLAS) is the right tool
+        return x @ weight.t()
+    return quant_matmul(x, weight, **cfg)
 
 
 def linear_fuses_norm(x, weight) -> bool:
