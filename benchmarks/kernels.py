@@ -12,6 +12,7 @@ copy bandwidth, and the same for the PyTorch reference. Needs a GPU (CUDA or ROC
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -312,7 +313,7 @@ def bench_decode_attention(quick):
                         f"{c} {t * 1e3:.1f} us" for t, c in res[:4])
                 if B == 1 and ctx <= 8192:   # short contexts: the slice length per program
                     res = []
-                    for ms_len in (64, 128, 256):
+                    for ms_len in (32, 64, 128, 256):
                         res.append((bench_graph(lambda: registry.call_triton(
                             "paged_decode_attention", q, kc, vc, tables, sl, scale, gate=gate,
                             min_split=ms_len)), ms_len))
@@ -471,9 +472,21 @@ def main():
     ap.add_argument("--json", default=None, help="write all rows to this JSON file")
     ap.add_argument("--types", default=None,
                     help="linear-quant: GGUF types (default Q8_0,Q4_K,Q6_K; also Q5_K, Q4_0)")
+    ap.add_argument("--shapes", default=None,
+                    help="linear-quant: OUTxIN weight shapes (default 4096x12288,12288x4096,"
+                         "4096x4096; the engine fuses gate/up into 24576x4096)")
+    ap.add_argument("--pdl", action="store_true",
+                    help="capture with programmatic dependent launch, as the engine's decode "
+                         "graphs do on sm_90 (kernels/pdl.py)")
     args = ap.parse_args()
     if args.types:
         LINQ_TYPES[:] = [t.strip() for t in args.types.split(",") if t.strip()]
+    if args.shapes:
+        try:
+            LINQ_SHAPES[:] = [tuple(int(v) for v in s.lower().split("x"))
+                              for s in args.shapes.split(",") if s.strip()]
+        except ValueError:
+            sys.exit(f"--shapes: expected OUTxIN pairs such as 4096x12288, got {args.shapes!r}")
     if not torch.cuda.is_available():
         sys.exit("benchmarks/kernels.py needs a GPU (CUDA or ROCm)")
     dev = torch.cuda.get_device_name()
@@ -481,9 +494,16 @@ def main():
     print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC  {dev}  "
           f"torch {torch.__version__}  triton {triton.__version__}")
     print(f"# measured copy bandwidth (read+write): {COPY_BW:.0f} GB/s")
+    from g906.kernels import pdl
+
+    if args.pdl:
+        with pdl.graph_launches():
+            on = bool(pdl.pdl_args(torch.device("cuda", torch.cuda.current_device())))
+        print(f"# programmatic dependent launch: {'on' if on else 'not available here'}")
     for g in args.only.split(","):
         try:
-            GROUPS[g](args.quick)
+            with pdl.graph_launches() if args.pdl else contextlib.nullcontext():
+                GROUPS[g](args.quick)
         except Exception as e:  # keep going: report the failure, measure the rest
             import traceback
 

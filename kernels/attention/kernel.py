@@ -153,11 +153,14 @@ REDUCE_TILE = 4096
 
 # Shortest context slice per decode program for a sequence that fills its block table: the
 # split count is capped at max_ctx / MIN_SPLIT. Each slice is a serial chain of K/V tile
-# loads, so short contexts want short slices. H200, 9B, B=1 (kernel benchmark, before the
-# block-id prefetch): ctx 1k 18.7 / 11.6 / 8.8 us with slices of 256 / 128 / 64, ctx 8k 20.9 /
-# 16.8 / 19.5 us. Long contexts (>= 16k) keep the swept 256. Shorter sequences than the table
-# allows run on the same programs with shorter slices (the kernel divides its own length).
-MIN_SPLIT = 128
+# loads, so short contexts want short slices. H200, B=1, kernel benchmark (seventh session):
+# ctx 1k 8.3 / 11.1 us with slices of 64 / 128 (9B and 27B), 0.8B ctx 8k 10.1 / 11.9 us; in the
+# engine (9B, 704-token tables) 32 / 64 / 128 gave Q8_0 351 / 350 / 348 tok/s and 0.8B 1,147 /
+# 1,133 / 1,119. Once max_ctx / 32 passes the programs-per-SM cap (9B, B = 1: above ~2k
+# tokens) the cap decides, so 32 only shortens the slices of short tables. Long contexts (>= 16k) keep the swept 256. Shorter sequences
+# than the table allows run on the same programs with shorter slices (the kernel divides its
+# own length).
+MIN_SPLIT = 32
 MIN_SPLIT_LONG = 256
 
 
