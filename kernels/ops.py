@@ -50,7 +50,10 @@ registry.register("gated_rms_norm", _norm.gated_rms_norm, "norm.kernel:gated_rms
 registry.register("rotary_", _rot.rotary_, "rotary.kernel:rotary_",
                   lambda q, k, *a: _ok(q, k) and _last_contig(q, k))
 registry.register("qk_norm_rotary", _rot.qk_norm_rotary, "rotary.kernel:qk_norm_rotary",
-                  lambda q, k, *a, **kw: _ok(q, k) and _last_contig(q, k) and q.shape[-1] <= 512)
+                  lambda q, k, *a, kv_store=None, **kw: (
+                      _ok(q, k) and _last_contig(q, k) and q.shape[-1] <= 512
+                      and (kv_store is None or (_ok(*kv_store[:3])
+                                                and _last_contig(*kv_store[:3])))))
 registry.register("silu_and_mul", _act.silu_and_mul, "activation.kernel:silu_and_mul",
                   lambda x: _ok(x))
 registry.register("store_kv", _kv.store_kv, "kv_cache.kernel:store_kv",
@@ -121,11 +124,13 @@ def rotary_(q, k, positions, cos_sin_cache, rot_dim):
 
 
 def qk_norm_rotary(q, k, q_weight, k_weight, eps, positions, cos_sin_cache, rot_dim, *,
-                   zero_centred=False):
+                   zero_centred=False, kv_store=None):
     """rotary_ of the per-head RMSNorms of q [T,Hq,D] and k [T,Hk,D] (weights [D]; zero_centred:
-    applied as 1 + w), as new contiguous tensors (q, k): one kernel instead of three."""
+    applied as 1 + w), as new contiguous tensors (q, k): one kernel instead of three.
+    kv_store = (v, k_cache, v_cache, slot_mapping): the same kernel also does store_kv of the
+    new k and v."""
     return registry.dispatch("qk_norm_rotary", q, k, q_weight, k_weight, eps, positions,
-                             cos_sin_cache, rot_dim, zero_centred=zero_centred)
+                             cos_sin_cache, rot_dim, zero_centred=zero_centred, kv_store=kv_store)
 
 
 def silu_and_mul(x):

@@ -58,8 +58,9 @@ def rotary_(q, k, positions, cos_sin_cache, rot_dim):
 def _norm_rotate_heads(x_ptr, o_ptr, w_ptr, H, D, s_t, s_h, t, d, part, rot, cos, ssin, eps,
                        ZC: tl.constexpr, BLOCK_H: tl.constexpr):
     """Token t's H heads of x: RMSNorm over D (rounded to the output dtype, as the norm kernel's
-    output), then rotary on the first dims; into o [T, H, D] contiguous. part: the rotary
-    partner of each dim (its other half), ssin: sin with the rotation's sign."""
+    output), then rotary on the first dims; into o [T, H, D] contiguous, and returned with the
+    heads' mask. part: the rotary partner of each dim (its other half), ssin: sin with the
+    rotation's sign."""
     h = tl.arange(0, BLOCK_H)
     dm = d < D
     m = (h < H)[:, None] & dm[None, :]
@@ -75,15 +76,21 @@ def _norm_rotate_heads(x_ptr, o_ptr, w_ptr, H, D, s_t, s_h, t, d, part, rot, cos
     dt = o_ptr.dtype.element_ty
     y = (x * rstd[:, None] * w[None, :]).to(dt).to(tl.float32)
     yp = (xp * rstd[:, None] * wp[None, :]).to(dt).to(tl.float32)
-    out = tl.where(rot[None, :], y * cos[None, :] + yp * ssin[None, :], y)
-    tl.store(o_ptr + (t.to(tl.int64) * H + h[:, None]) * D + d[None, :], out.to(dt), mask=m)
+    out = tl.where(rot[None, :], y * cos[None, :] + yp * ssin[None, :], y).to(dt)
+    tl.store(o_ptr + (t.to(tl.int64) * H + h[:, None]) * D + d[None, :], out, mask=m)
+    return out, m
 
 
 @triton.jit
 def _qk_norm_rotary_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, qw_ptr, kw_ptr, pos_ptr, cs_ptr, Hq, Hk,
-                           D, sq_t, sq_h, sk_t, sk_h, s_cs, eps, HALF: tl.constexpr,
+                           D, sq_t, sq_h, sk_t, sk_h, s_cs, eps,
+                           v_ptr, kc_ptr, vc_ptr, slot_ptr, sv_t, sv_h, skc_b, skc_o, skc_h,
+                           svc_b, svc_o, svc_h, block_size, HALF: tl.constexpr,
                            ZC: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
-                           BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
+                           BLOCK_D: tl.constexpr, STORE: tl.constexpr = False,
+                           PDL: tl.constexpr = False):
+    """STORE: token t's new k (normed, rotated) and v rows also go into the paged caches at
+    slot_ptr[t] (store_kv's job; slot -1 skips)."""
     pdl_start(PDL)
     t = tl.program_id(0)
     pos = tl.load(pos_ptr + t).to(tl.int64)
@@ -96,12 +103,26 @@ def _qk_norm_rotary_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, qw_ptr, kw_ptr, pos_ptr
     ssin = tl.where(d < HALF, -sin, sin)
     _norm_rotate_heads(q_ptr, qo_ptr, qw_ptr, Hq, D, sq_t, sq_h, t, d, part, rot, cos, ssin, eps,
                        ZC, BLOCK_HQ)
-    _norm_rotate_heads(k_ptr, ko_ptr, kw_ptr, Hk, D, sk_t, sk_h, t, d, part, rot, cos, ssin, eps,
-                       ZC, BLOCK_HK)
+    kr, m = _norm_rotate_heads(k_ptr, ko_ptr, kw_ptr, Hk, D, sk_t, sk_h, t, d, part, rot, cos,
+                               ssin, eps, ZC, BLOCK_HK)
+    if STORE:
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        if slot >= 0:
+            blk = slot // block_size
+            off = slot % block_size
+            h = tl.arange(0, BLOCK_HK)[:, None]
+            dd = d[None, :]
+            vr = tl.load(v_ptr + t.to(tl.int64) * sv_t + h * sv_h + dd, mask=m)
+            tl.store(kc_ptr + blk * skc_b + off * skc_o + h * skc_h + dd,
+                     kr.to(kc_ptr.dtype.element_ty), mask=m)
+            tl.store(vc_ptr + blk * svc_b + off * svc_o + h * svc_h + dd,
+                     vr.to(vc_ptr.dtype.element_ty), mask=m)
 
 
 def qk_norm_rotary(q, k, q_weight, k_weight, eps, positions, cos_sin_cache, rot_dim, *,
-                   zero_centred=False):
+                   zero_centred=False, kv_store=None):
+    """kv_store = (v, k_cache, v_cache, slot_mapping): also store_kv the new k and v rows (one
+    kernel fewer per attention layer and step)."""
     T, Hq, D = q.shape
     Hk = k.shape[1]
     assert q.stride(-1) == 1 and k.stride(-1) == 1, "qk_norm_rotary: head_dim must be contiguous"
@@ -109,9 +130,16 @@ def qk_norm_rotary(q, k, q_weight, k_weight, eps, positions, cos_sin_cache, rot_
     ko = empty((T, Hk, D), k.dtype, k.device)
     if T == 0:
         return qo, ko
+    if kv_store is not None:
+        v, kc, vc, slots = kv_store
+        assert v.stride(-1) == 1 and kc.stride(-1) == 1 and vc.stride(-1) == 1
+        store = (v, kc, vc, slots, v.stride(0), v.stride(1), kc.stride(0), kc.stride(1),
+                 kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2), kc.shape[1])
+    else:
+        store = (k, k, k, positions) + (0,) * 8 + (1,)
     _qk_norm_rotary_kernel[(T,)](
         q, k, qo, ko, q_weight, k_weight, positions, cos_sin_cache, Hq, Hk, D, q.stride(0),
-        q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0), float(eps),
+        q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0), float(eps), *store,
         HALF=rot_dim // 2, ZC=bool(zero_centred), BLOCK_HQ=next_pow2(Hq), BLOCK_HK=next_pow2(Hk),
-        BLOCK_D=next_pow2(D), num_warps=4, **pdl_args(q.device))
+        BLOCK_D=next_pow2(D), STORE=kv_store is not None, num_warps=4, **pdl_args(q.device))
     return qo, ko

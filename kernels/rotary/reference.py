@@ -26,14 +26,20 @@ def rotary_(q, k, positions, cos_sin_cache, rot_dim):
 
 
 def qk_norm_rotary(q, k, q_weight, k_weight, eps, positions, cos_sin_cache, rot_dim, *,
-                   zero_centred=False):
+                   zero_centred=False, kv_store=None):
     """(rotary(rms_norm(q)), rotary(rms_norm(k))) as new [T, H, D] tensors: the per-head q/k
-    norms (weights [D]) and the rotary of the gated attention, in one op."""
+    norms (weights [D]) and the rotary of the gated attention, in one op. kv_store = (v,
+    k_cache, v_cache, slot_mapping): then also store_kv(k, v, ...) of the new k."""
+    from ..kv_cache.reference import store_kv
     from ..norm.reference import rms_norm
 
     qn = rms_norm(q, q_weight, eps, zero_centred=zero_centred).contiguous()
     kn = rms_norm(k, k_weight, eps, zero_centred=zero_centred).contiguous()
-    return rotary_(qn, kn, positions, cos_sin_cache, rot_dim)
+    qn, kn = rotary_(qn, kn, positions, cos_sin_cache, rot_dim)
+    if kv_store is not None:
+        v, k_cache, v_cache, slots = kv_store
+        store_kv(kn, v, k_cache, v_cache, slots)
+    return qn, kn
 
 
 def make_cos_sin_cache(max_pos, rot_dim, base=10_000_000.0, device=None, dtype=torch.float32):

@@ -119,6 +119,40 @@ def test_qk_norm_rotary(dtype, D, rot_dim, zc):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_qk_norm_rotary_stores_kv(dtype):
+    """With kv_store the same kernel writes the new (normed, rotated) k and v rows into the
+    paged caches like store_kv (slot -1 skipped, v a strided view, poisoned caches)."""
+    g = torch.Generator().manual_seed(6)
+    T, Hq, Hk, D, rot_dim, nb, bs = 5, 4, 2, 24, 8, 3, 4
+    q = randn(T, Hq, D, dtype=dtype, gen=g)
+    kv = randn(T, 2, Hk, D, dtype=dtype, gen=g)
+    k, v = kv[:, 0], kv[:, 1]
+    qw = randn(D, dtype=dtype, gen=g, scale=0.3)
+    kw = randn(D, dtype=dtype, gen=g, scale=0.3)
+    cache = make_cos_sin_cache(64, rot_dim, base=10000.0, device=DEVICE)
+    pos = torch.tensor([3, 0, 63, 9, 10], dtype=torch.int64, device=DEVICE)
+    slots = torch.tensor([6, -1, 0, 11, 2], dtype=torch.int64, device=DEVICE)
+    caches = [torch.full((nb, bs, Hk, D), float("nan"), dtype=dtype, device=DEVICE) for _ in range(4)]
+    args = (q, k, qw, kw, 1e-6, pos, cache, rot_dim)
+    got = registry.call_triton("qk_norm_rotary", *args, zero_centred=True,
+                               kv_store=(v, caches[0], caches[1], slots))
+    ref = registry.call_reference("qk_norm_rotary", *args, zero_centred=True)
+    registry.call_reference("store_kv", ref[1], v, caches[2], caches[3], slots)
+    for a, b in zip(got, ref):
+        assert_close(a, b)
+    assert torch.equal(caches[0].isnan(), caches[2].isnan())
+    assert int((~caches[0].isnan()).sum()) == 4 * Hk * D
+    assert_close(caches[0].nan_to_num(), caches[2].nan_to_num())
+    assert torch.equal(caches[1].nan_to_num(), caches[3].nan_to_num())
+    # the reference path takes kv_store too
+    caches[2].fill_(float("nan"))
+    registry.call_reference("qk_norm_rotary", *args, zero_centred=True,
+                            kv_store=(v, caches[2], caches[3], slots))
+    assert_close(caches[0].nan_to_num(), caches[2].nan_to_num())
+    assert torch.equal(caches[0].isnan(), caches[2].isnan())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_and_mul(dtype):
     g = torch.Generator().manual_seed(4)
     x = randn(3, 2 * 1030, dtype=dtype, gen=g)

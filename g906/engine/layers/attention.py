@@ -42,8 +42,10 @@ class Attention(nn.Module):
         gate = qg[..., d:]
         v = v.reshape(t, hk, d)
         fused = getattr(rotary, "norm_and_rotate", None)     # not the multimodal steps' M-RoPE
+        stored = fused is not None and self.k_cache is not None
         if fused is not None:                 # q: a strided view, read in place
-            q, k = fused(qg[..., :d], k.reshape(t, hk, d), self.q_norm, self.k_norm, positions)
+            store = (v, self.k_cache, self.v_cache, ctx.slot_mapping) if stored else None
+            q, k = fused(qg[..., :d], k.reshape(t, hk, d), self.q_norm, self.k_norm, positions, store)
         else:
             q = self.q_norm(qg[..., :d])
             k = self.k_norm(k.reshape(t, hk, d))
@@ -60,7 +62,8 @@ class Attention(nn.Module):
                 ops.prefill_attention(q, k_cache, v_cache, block_tables, ctx.cu_seqlens_q, lens.to(torch.int32),
                                       self.scale, gate=gate).reshape(t, h * d), then
             )
-        ops.store_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
+        if not stored:
+            ops.store_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
         if ctx.is_prefill:
             o = ops.prefill_attention(
                 q, self.k_cache, self.v_cache, ctx.block_tables, ctx.cu_seqlens_q, ctx.seq_lens, self.scale,

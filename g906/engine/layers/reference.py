@@ -98,11 +98,16 @@ def gated_norm_linear(o, z, norm_weight, eps, weight):
 # rotary
 
 
-def qk_norm_rotary(q, k, q_weight, k_weight, eps, positions, cos_sin_cache, rot_dim, *, zero_centred=False):
-    """Per-head RMSNorm of q and k, then rotary_ on the results (new tensors)."""
+def qk_norm_rotary(q, k, q_weight, k_weight, eps, positions, cos_sin_cache, rot_dim, *, zero_centred=False,
+                   kv_store=None):
+    """Per-head RMSNorm of q and k, then rotary_ on the results (new tensors); kv_store = (v, k_cache,
+    v_cache, slot_mapping): then store_kv of the new k and v."""
     q = rms_norm(q, q_weight, eps, zero_centred=zero_centred).contiguous()
     k = rms_norm(k, k_weight, eps, zero_centred=zero_centred).contiguous()
     rotary_(q, k, positions, cos_sin_cache, rot_dim)
+    if kv_store is not None:
+        v, k_cache, v_cache, slot_mapping = kv_store
+        store_kv(k, v, k_cache, v_cache, slot_mapping)
     return q, k
 
 

@@ -20,8 +20,10 @@ class RotaryEmbedding:
     def __call__(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> None:
         ops.rotary_(q, k, positions, self.cos_sin_cache, self.rotary_dim)
 
-    def norm_and_rotate(self, q, k, q_norm, k_norm, positions):
+    def norm_and_rotate(self, q, k, q_norm, k_norm, positions, kv_store=None):
         """(self(q_norm(q)), self(k_norm(k))) for per-head RMSNorms of one eps and weight
-        convention: one kernel on GPUs (ops.qk_norm_rotary)."""
+        convention: one kernel on GPUs (ops.qk_norm_rotary), which also writes the new k and v
+        into the paged cache when kv_store = (v, k_cache, v_cache, slot_mapping)."""
         return ops.qk_norm_rotary(q, k, q_norm.weight, k_norm.weight, q_norm.eps, positions,
-                                  self.cos_sin_cache, self.rotary_dim, zero_centred=q_norm.zero_centred)
+                                  self.cos_sin_cache, self.rotary_dim, zero_centred=q_norm.zero_centred,
+                                  kv_store=kv_store)
