@@ -155,11 +155,11 @@ REDUCE_TILE = 4096
 # split count is capped at max_ctx / MIN_SPLIT. Each slice is a serial chain of K/V tile
 # loads, so short contexts want short slices. H200, B=1, kernel benchmark (seventh session):
 # ctx 1k 8.3 / 11.1 us with slices of 64 / 128 (9B and 27B), 0.8B ctx 8k 10.1 / 11.9 us; in the
-# engine (9B, 704-token tables) 32 / 64 / 128 gave Q8_0 351 / 350 / 348 tok/s and 0.8B 1,147 /
-# 1,133 / 1,119. Once max_ctx / 32 passes the programs-per-SM cap (9B, B = 1: above ~2k
-# tokens) the cap decides, so 32 only shortens the slices of short tables. Long contexts (>= 16k) keep the swept 256. Shorter sequences
-# than the table allows run on the same programs with shorter slices (the kernel divides its
-# own length).
+# engine (704-token tables) 32 / 64 / 128 gave 0.8B 1,147 / 1,133 / 1,119 tok/s (9B: noise).
+# Once max_ctx / 32 passes the programs-per-SM cap (9B, B = 1: above ~2k tokens) the cap
+# decides, so 32 only shortens the slices of short tables. Long contexts (>= 16k) keep the
+# swept 256. Shorter sequences than the table allows run on the same programs with shorter
+# slices (the kernel divides its own length).
 MIN_SPLIT = 32
 MIN_SPLIT_LONG = 256
 

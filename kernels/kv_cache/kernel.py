@@ -10,6 +10,19 @@ from ..pdl import pdl_args, pdl_start
 
 
 @triton.jit
+def store_rows(kc_ptr, vc_ptr, slot, block_size, sc_blk, sc_off, sc_h, svc_blk, svc_off, svc_h,
+               h, d, k, v, m):
+    """One token's k and v rows ([BLOCK_H, BLOCK_D] at heads h [BLOCK_H, 1], dims d [1, BLOCK_D],
+    mask m) into the paged caches at flat slot >= 0 (block slot // block_size, offset
+    slot % block_size). Also called by the q/k norm + rotary kernel, which has k in registers."""
+    blk = slot // block_size
+    off = slot % block_size
+    tl.store(kc_ptr + blk * sc_blk + off * sc_off + h * sc_h + d, k.to(kc_ptr.dtype.element_ty), mask=m)
+    tl.store(vc_ptr + blk * svc_blk + off * svc_off + h * svc_h + d, v.to(vc_ptr.dtype.element_ty),
+             mask=m)
+
+
+@triton.jit
 def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, H, D, sk_t, sk_h, sv_t, sv_h,
                      sc_blk, sc_off, sc_h, svc_blk, svc_off, svc_h, block_size,
                      BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, PDL: tl.constexpr = False):
@@ -18,16 +31,14 @@ def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, H, D, sk_t, sk_h, s
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot < 0:
         return
-    blk = slot // block_size
-    off = slot % block_size
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, BLOCK_D)[None, :]
     m = (h < H) & (d < D)
     t64 = t.to(tl.int64)
     k = tl.load(k_ptr + t64 * sk_t + h * sk_h + d, mask=m)
     v = tl.load(v_ptr + t64 * sv_t + h * sv_h + d, mask=m)
-    tl.store(kc_ptr + blk * sc_blk + off * sc_off + h * sc_h + d, k.to(kc_ptr.dtype.element_ty), mask=m)
-    tl.store(vc_ptr + blk * svc_blk + off * svc_off + h * svc_h + d, v.to(vc_ptr.dtype.element_ty), mask=m)
+    store_rows(kc_ptr, vc_ptr, slot, block_size, sc_blk, sc_off, sc_h, svc_blk, svc_off, svc_h,
+               h, d, k, v, m)
 
 
 def store_kv(k, v, k_cache, v_cache, slot_mapping):

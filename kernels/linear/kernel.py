@@ -310,7 +310,7 @@ def _gemv_config_cached(T, N, K, device, dtype):
     if bt == 1 and N * K <= SMALL_GEMV_ELEMENTS:
         # 0.8B-sized weights: 4 rows x 1024 columns (2048 for N < 4096) per program step. H200,
         # seventh session: best of 24 configs or within 3% on every 0.8B projection alone, and
-        # the 0.8B decode row 1,150 -> 1,181 tok/s. The 9B projections were 6-28% faster alone
+        # the 0.8B decode row 1,150 -> 1,198 tok/s. The 9B projections were 6-28% faster alone
         # with it too, but the 9B decode row went 224 -> 218: there every GEMV carries the split
         # RMSNorm, whose partial sums grow with the programs on both sides (residual_norm.py)
         block_k = min(next_pow2(K), 1024 if N >= 4096 else 2048)

@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from .._triton_util import empty, next_pow2
+from ..kv_cache.kernel import store_rows
 from ..pdl import pdl_args, pdl_start
 
 
@@ -108,15 +109,11 @@ def _qk_norm_rotary_kernel(q_ptr, k_ptr, qo_ptr, ko_ptr, qw_ptr, kw_ptr, pos_ptr
     if STORE:
         slot = tl.load(slot_ptr + t).to(tl.int64)
         if slot >= 0:
-            blk = slot // block_size
-            off = slot % block_size
             h = tl.arange(0, BLOCK_HK)[:, None]
             dd = d[None, :]
             vr = tl.load(v_ptr + t.to(tl.int64) * sv_t + h * sv_h + dd, mask=m)
-            tl.store(kc_ptr + blk * skc_b + off * skc_o + h * skc_h + dd,
-                     kr.to(kc_ptr.dtype.element_ty), mask=m)
-            tl.store(vc_ptr + blk * svc_b + off * svc_o + h * svc_h + dd,
-                     vr.to(vc_ptr.dtype.element_ty), mask=m)
+            store_rows(kc_ptr, vc_ptr, slot, block_size, skc_b, skc_o, skc_h, svc_b, svc_o, svc_h,
+                       h, dd, kr, vr, m)
 
 
 def qk_norm_rotary(q, k, q_weight, k_weight, eps, positions, cos_sin_cache, rot_dim, *,
@@ -135,7 +132,7 @@ def qk_norm_rotary(q, k, q_weight, k_weight, eps, positions, cos_sin_cache, rot_
         assert v.stride(-1) == 1 and kc.stride(-1) == 1 and vc.stride(-1) == 1
         store = (v, kc, vc, slots, v.stride(0), v.stride(1), kc.stride(0), kc.stride(1),
                  kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2), kc.shape[1])
-    else:
+    else:  # not read (STORE=False)
         store = (k, k, k, positions) + (0,) * 8 + (1,)
     _qk_norm_rotary_kernel[(T,)](
         q, k, qo, ko, q_weight, k_weight, positions, cos_sin_cache, Hq, Hk, D, q.stride(0),
