@@ -284,18 +284,18 @@ def bench_decode_attention(quick):
                 gate = torch.randn_like(q)
                 scale = m["hd"] ** -0.5
                 nbytes = 2 * B * ctx * m["hk"] * m["hd"] * 2 + 3 * q.numel() * 2
-                ms = bench_graph(lambda: registry.call_triton(
-                    "paged_decode_attention", q, kc, vc, tables, sl, scale, gate=gate))
+                def attn(tab=tables, **cfg):   # graph time of the Triton op with cfg
+                    return bench_graph(lambda: registry.call_triton(
+                        "paged_decode_attention", q, kc, vc, tab, sl, scale, gate=gate, **cfg))
+
+                ms = attn()
                 best = ""
                 if model == "9B" and (ctx == 32768 or B == 32):
                     res = []
                     for bn, nw, ps in ((32, 4, 4), (64, 4, 4), (16, 4, 4), (32, 8, 4), (64, 8, 4),
                                        (32, 4, 8), (32, 4, 2), (64, 8, 8), (16, 2, 8)):
                         try:
-                            t = bench_graph(lambda: registry.call_triton(
-                                "paged_decode_attention", q, kc, vc, tables, sl, scale, gate=gate,
-                                block_n=bn, num_warps=nw, per_sm=ps))
-                            res.append((t, (bn, nw, ps)))
+                            res.append((attn(block_n=bn, num_warps=nw, per_sm=ps), (bn, nw, ps)))
                         except Exception as e:
                             print("   config", (bn, nw, ps), "failed:", type(e).__name__)
                     res.sort(key=lambda r: r[0])
@@ -303,22 +303,13 @@ def bench_decode_attention(quick):
                         ms = min(ms, res[0][0])
                         best = f"best (block_n, warps, per_sm)={res[0][1]}"
                 if B == 1 and ctx == 32768:  # long context, one sequence: slices and programs
-                    res = []
-                    for ms_len in (64, 128, 256):
-                        for ps in (2, 4, 8):
-                            res.append((bench_graph(lambda: registry.call_triton(
-                                "paged_decode_attention", q, kc, vc, tables, sl, scale, gate=gate,
-                                min_split=ms_len, per_sm=ps)), (ms_len, ps)))
-                    res.sort(key=lambda r: r[0])
+                    res = sorted((attn(min_split=ml, per_sm=ps), (ml, ps))
+                                 for ml in (64, 128, 256) for ps in (2, 4, 8))
                     best += " (min_split, per_sm): " + ", ".join(
                         f"{c} {t * 1e3:.1f} us" for t, c in res[:4])
                 if B == 1 and ctx <= 8192:   # short contexts: the slice length per program
-                    res = []
-                    for ms_len in (32, 64, 128, 256):
-                        res.append((bench_graph(lambda: registry.call_triton(
-                            "paged_decode_attention", q, kc, vc, tables, sl, scale, gate=gate,
-                            min_split=ms_len)), ms_len))
-                    best += " min_split: " + ", ".join(f"{c} {t * 1e3:.1f} us" for t, c in res)
+                    best += " min_split: " + ", ".join(
+                        f"{ml} {attn(min_split=ml) * 1e3:.1f} us" for ml in (32, 64, 128, 256))
                 ms_ref = None
                 if B == 1 or not quick:
                     ms_ref = bench_plain(lambda: registry.call_reference(
@@ -329,9 +320,8 @@ def bench_decode_attention(quick):
                     # is 32k wide, the sequences hold 1k
                     wide = torch.zeros(B, 32768 // 16, dtype=torch.int32, device="cuda")
                     wide[:, :tables.shape[1]] = tables
-                    ms = bench_graph(lambda: registry.call_triton(
-                        "paged_decode_attention", q, kc, vc, wide, sl, scale, gate=gate))
-                    record("decode", f"{model} attn B={B} ctx={ctx} in a 32k table", nbytes, ms)
+                    record("decode", f"{model} attn B={B} ctx={ctx} in a 32k table", nbytes,
+                           attn(wide))
                 del kc, vc
         torch.cuda.empty_cache()
 
