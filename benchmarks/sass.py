@@ -50,7 +50,8 @@ def _kernel_and_signature(args):
                 "a_ptr": a_t, "b_ptr": b_t, **norm_ptrs}
         const = dict(QT=K.PQ_QTYPES[args.qtype], E=K.PQ_E[args.qtype], H=32 * args.warps,
                      BLOCK_N=args.rows, BLOCK_T=1, EVEN=True, PREFETCH=args.prefetch,
-                     PAIRS=not args.no_pairs, SILU=False, PDL=args.pdl, **norm)
+                     PAIRS=0 if args.no_pairs else (2 if args.qtype == "Q4_K" else 1),
+                     SILU=False, PDL=args.pdl, **norm)
     floats = {"eps", "eps_in"}
     names = list(fn.arg_names)
     sig = {a: ptrs.get(a, "constexpr" if a in const else ("fp32" if a in floats else "i32"))

@@ -608,24 +608,44 @@ def _small_int_f32(v):
 
 
 @triton.jit
-def _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT: tl.constexpr, HALF: tl.constexpr):
-    """(A, B) fp32 [BN, H]: dot(w, x) over vector v (Q6_K: half HALF of it, 16 elements)
-    = A * sum(f * x) + B * sum(x)."""
+def _pq_scale_raw(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT: tl.constexpr):
+    """The scale planes' values for vector v2 of rows n2 as loaded ([H, BN] each): (ra, rb, ra1)
+    for _pq_scale_values; ra1 is Q6_K's second half (others: ra again)."""
+    if QT == 0:
+        ra = tl.load(a_ptr + n2 * sa + (k0 // 32 + v2 // 2))
+        return ra, ra, ra
+    elif QT == 1:
+        ra = tl.load(a_ptr + n2 * sa + (k0 // 32 + (v2 * 4) // 4))
+        return ra, ra, ra
+    elif QT == 2 or QT == 3:
+        dm = tl.load(a_ptr + n2 * sa + (k0 + v2 * 32) // 256)
+        # (v2 * 4) // 4: an index Triton does not see as contiguous along the vector axis, so
+        # the load keeps the layout of the words instead of a vectorized one converted later
+        scm = tl.load(b_ptr + n2 * sb + (k0 // 32 + (v2 * 4) // 4))
+        return dm, scm, dm
+    else:
+        sc0 = tl.load(a_ptr + n2 * sa + (k0 // 16 + 2 * v2))
+        sc1 = tl.load(a_ptr + n2 * sa + (k0 // 16 + 2 * v2 + 1))
+        d = tl.load(b_ptr + n2 * sb + (k0 + v2 * 32) // 256)
+        return sc0, d, sc1
+
+
+@triton.jit
+def _pq_scale_values(ra, rb, QT: tl.constexpr):
+    """(A, B) fp32 [H, BN] from _pq_scale_raw's values: dot(w, x) over a vector (Q6_K: over the
+    half whose scale ra is) = A * sum(f * x) + B * sum(x)."""
     if QT == 0:    # q = 256 f - 384
-        d = tl.load(a_ptr + n2 * sa + (k0 // 32 + v2 // 2)).to(tl.float32)
+        d = ra.to(tl.float32)
         A = 256.0 * d
         B = -384.0 * d
     elif QT == 1:  # q - 8 = 16 f - 24
-        d = tl.load(a_ptr + n2 * sa + (k0 // 32 + (v2 * 4) // 4)).to(tl.float32)
+        d = ra.to(tl.float32)
         A = 16.0 * d
         B = -24.0 * d
     elif QT == 2 or QT == 3:  # d*sc*q - dmin*m; Q4_K q = 16 f - 16, Q5_K q = 32 f - 32
-        dm = tl.load(a_ptr + n2 * sa + (k0 + v2 * 32) // 256)
-        d = (dm & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        dmin = ((dm >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        # (v2 * 4) // 4: an index Triton does not see as contiguous along the vector axis, so
-        # the load keeps the layout of the words instead of a vectorized one converted later
-        scm = tl.load(b_ptr + n2 * sb + (k0 // 32 + (v2 * 4) // 4)).to(tl.int32)
+        d = (ra & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        dmin = ((ra >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        scm = rb.to(tl.int32)
         ds = d * _small_int_f32(scm & 255)
         m = _small_int_f32((scm >> 8) & 255)
         if QT == 2:
@@ -635,13 +655,50 @@ def _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT: tl.constexpr, HALF: tl.cons
             A = 32.0 * ds
             B = -32.0 * ds - dmin * m
     else:          # Q6_K: q - 32 = 64 f - 96, one int8 scale per 16 elements
-        sc8 = tl.load(a_ptr + n2 * sa + (k0 // 16 + 2 * v2 + HALF)).to(tl.int32)
-        sc = _small_int_f32(sc8 + 128) - 128.0
-        d = tl.load(b_ptr + n2 * sb + (k0 + v2 * 32) // 256).to(tl.float32)
-        ds = d * sc
+        sc = _small_int_f32(ra.to(tl.int32) + 128) - 128.0
+        ds = rb.to(tl.float32) * sc
         A = 64.0 * ds
         B = -96.0 * ds
     return A, B
+
+
+@triton.jit
+def _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT: tl.constexpr, HALF: tl.constexpr):
+    """(A, B) fp32 [BN, H] of vector v2 (Q6_K: of its half HALF, 16 elements)."""
+    ra, rb, ra1 = _pq_scale_raw(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT)
+    if HALF == 1:
+        ra = ra1
+    return _pq_scale_values(ra, rb, QT)
+
+
+@triton.jit
+def _q4k_values(dm, scm):
+    """Q4_K (DS, DM) fp32 [H, BN]: dot(w, x) over a vector = DS * (sum(f x) - sum(x)) -
+    DM * sum(x) with f = 1 + q / 16: DS = 16 d sc, DM = dmin m."""
+    d = (dm & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    dmin = ((dm >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    scm = scm.to(tl.int32)
+    # 16 sc: under 2^27's exponent the mantissa's last bit is worth 16
+    sc16 = ((scm & 255) | 0x4D000000).to(tl.float32, bitcast=True) - 134217728.0
+    m = _small_int_f32((scm >> 8) & 255)
+    return d * sc16, dmin * m
+
+
+@triton.jit
+def _pq_hi(qh_ptr, n3, sh, kw, v3, w3, words, QT: tl.constexpr, mask3=None):
+    """Q5_K / Q6_K: the high-bit plane's int32 for each word of vectors v3 (others: words)."""
+    hi = words
+    if QT == 3 or QT == 4:
+        if QT == 3:  # an int32 per vector, shared by its 4 words (index written so the load
+            # is not seen as contiguous along H: it keeps the words' layout)
+            hptr = qh_ptr + n3 * sh + (kw // 4 + (v3 * 4 + w3) // 4)
+        else:        # an int32 per two quant words
+            hptr = qh_ptr + n3 * sh + (kw // 2 + v3 * 2 + w3 // 2)
+        if mask3 is None:
+            hi = tl.load(hptr).to(tl.int32)
+        else:
+            hi = tl.load(hptr, mask=mask3, other=0).to(tl.int32)
+    return hi
 
 
 @triton.jit
@@ -665,7 +722,10 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
     so Triton puts every thread on it and keeps tokens, rows and the 4 words of a vector in
     registers: the activations a thread loads and converts serve all its rows, words and
     activations share one layout, and nothing crosses threads until after the loop.
-    PREFETCH: the next iteration's words are loaded before this one is decoded (EVEN only).
+    PREFETCH: the next iteration's words, high bits and scales are loaded before this one is
+    decoded (EVEN only; ptxas places those loads late in the body, so it pays only in some
+    configs: _pq_cuda_decode). PAIRS: 4-bit fields two per shift (1), and for Q4_K with the
+    scales folded (2); 0: one at a time.
     SILU: x rows hold [gate | up] (K apart), the GEMV runs on silu(gate) * up (_pq_x)."""
     pdl_start(PDL)
     KX = KW * E
@@ -689,49 +749,67 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
     acc = tl.zeros([H, BLOCK_T, BLOCK_N], tl.float32)
     kwbeg = pid_k * kw_len
     kwend = tl.minimum(kwbeg + kw_len, KW)
-    wnext = tl.zeros([H, BLOCK_N, 4], tl.int32)
-    if PREFETCH:
-        wnext = tl.load(qs_ptr + n3 * sq + (kwbeg + v3 * 4 + w3))
+    if PREFETCH:  # the first iteration's loads; each iteration then issues the next one's
+        wn = tl.load(qs_ptr + n3 * sq + (kwbeg + v3 * 4 + w3))
+        hn = _pq_hi(qh_ptr, n3, sh, kwbeg, v3, w3, wn, QT)
+        an, bn, an1 = _pq_scale_raw(a_ptr, b_ptr, n2, sa, sb, kwbeg * E, v2, QT)
     for kw in range(kwbeg, kwend, H * 4):      # vector 0 of every iteration is in the row
         k0 = kw * E
-        wptr = qs_ptr + n3 * sq + (kw + v3 * 4 + w3)
         if PREFETCH:
-            words = wnext
-            nxt = kw + H * 4
-            wnext = tl.load(wptr + H * 4, mask=(nxt + v3 * 0) < kwend, other=0)
+            words, hi, ra, rb, ra1 = wn, hn, an, bn, an1
+            # the last iteration loads its own vectors again (cached) instead of masking
+            nxt = tl.where(kw + H * 4 < kwend, kw + H * 4, kw)
+            wn = tl.load(qs_ptr + n3 * sq + (nxt + v3 * 4 + w3))
+            hn = _pq_hi(qh_ptr, n3, sh, nxt, v3, w3, wn, QT)
+            an, bn, an1 = _pq_scale_raw(a_ptr, b_ptr, n2, sa, sb, nxt * E, v2, QT)
             xm = tm
-            vs = v2
-        elif EVEN:
-            words = tl.load(wptr)                                           # [H, BN, 4] int32
-            xm = tm
-            vs = v2
         else:
-            vm3 = (kw + v3 * 4) < kwend
-            words = tl.load(wptr, mask=vm3, other=0)
-            xm = tm & vm3[:, None]
-            vs = tl.where(kw + v2 * 4 < kwend, v2, 0)  # masked vectors' terms are 0 anyway
-        if QT == 3 or QT == 4:
-            if QT == 3:   # an int32 per vector, shared by its 4 words (index written so the
-                # load is not seen as contiguous along H: it keeps the words' layout)
-                hptr = qh_ptr + n3 * sh + (kw // 4 + (v3 * 4 + w3) // 4)
-            else:         # an int32 per two quant words
-                hptr = qh_ptr + n3 * sh + (kw // 2 + v3 * 2 + w3 // 2)
-            if EVEN or PREFETCH:
-                hi = tl.load(hptr).to(tl.int32)
+            if EVEN:
+                words = tl.load(qs_ptr + n3 * sq + (kw + v3 * 4 + w3))     # [H, BN, 4] int32
+                hi = _pq_hi(qh_ptr, n3, sh, kw, v3, w3, words, QT)
+                xm = tm
+                vs = v2
             else:
-                hi = tl.load(hptr, mask=vm3, other=0).to(tl.int32)
-        else:
-            hi = words
+                vm3 = (kw + v3 * 4) < kwend
+                words = tl.load(qs_ptr + n3 * sq + (kw + v3 * 4 + w3), mask=vm3, other=0)
+                hi = _pq_hi(qh_ptr, n3, sh, kw, v3, w3, words, QT, vm3)
+                xm = tm & vm3[:, None]
+                vs = tl.where(kw + v2 * 4 < kwend, v2, 0)  # masked vectors' terms are 0 anyway
+            ra, rb, ra1 = _pq_scale_raw(a_ptr, b_ptr, n2, sa, sb, k0, vs, QT)
         if QT == 3:
             words, hi = _q5_bytes(words, hi, w3)
         if QT == 4:
             words, hi = _q6_bytes(words, hi, w3)
-        # scales before the fields: their loads then overlap the words' (placed after the
-        # decode, they were a second memory round trip per iteration in the compiled code)
-        A, B = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, vs, QT, 0)
+        if QT == 2 and PAIRS == 2:
+            DS, DM = _q4k_values(ra, rb)
+        else:
+            A, B = _pq_scale_values(ra, rb, QT)
         if QT == 4:
-            A1, B1 = _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, vs, QT, 1)
-        if QT == 4:  # fields 0-3 and 4-7 have their own scales
+            A1, B1 = _pq_scale_values(ra1, rb, QT)
+        if QT == 2 and PAIRS == 2:
+            # Q4_K, fields two at a time as below, with the scales folded: the f = 1 parts of
+            # the sums (16 x for even fields, x for odd) and sum(x) are per thread, shared by
+            # all rows, so each row's vector costs a subtract and two FMAs (_q4k_values)
+            p = tl.zeros([H, BLOCK_T, BLOCK_N, 4], tl.float32)
+            xe = tl.zeros([H, BLOCK_T, 1, 4], tl.float32)
+            xo = tl.zeros([H, BLOCK_T, 1, 4], tl.float32)
+            for j in tl.static_range(0, E, 2):
+                x0 = _pq_x(x_ptr, xrow + k0 + xoff + 4 * j, xm, KX, SILU)
+                x1 = _pq_x(x_ptr, xrow + k0 + xoff + 4 * j + 4, xm, KX, SILU)
+                if j < 4:
+                    sw = words << (15 - 4 * j)
+                else:
+                    sw = words >> (4 * j - 15)
+                f0 = ((sw & (15 << 15)) | one).to(tl.float32, bitcast=True)
+                f1 = ((sw & (15 << 19)) | one).to(tl.float32, bitcast=True)
+                p += f0[:, None] * (x0 * 16.0)
+                p += f1[:, None] * x1
+                xe += x0
+                xo += x1
+            X = tl.sum(xe + xo, axis=3)                        # [H, BT, 1]
+            M = tl.sum(xe * 16.0 + xo, axis=3)                 # the f = 1 parts of p
+            acc += DS[:, None] * (tl.sum(p, axis=3) - M) - DM[:, None] * X
+        elif QT == 4:  # fields 0-3 and 4-7 have their own scales
             p0 = tl.zeros([H, BLOCK_T, BLOCK_N, 4], tl.float32)
             p1 = tl.zeros([H, BLOCK_T, BLOCK_N, 4], tl.float32)
             x0 = tl.zeros([H, BLOCK_T, 1, 4], tl.float32)
@@ -987,11 +1065,9 @@ def _pq_gemv_config(T, N, K, qtype, device):
 @functools.lru_cache(maxsize=4096)
 def _pq_gemv_config_cached(T, N, K, qtype, device):
     """BLOCK_N rows per program (rows live in registers: each thread reuses its activations for
-    all of them and keeps BLOCK_N 16-byte loads in flight), num_warps, PREFETCH and a split of
-    K. CUDA, T = 1: from the H200 sweep (docs/PERF.md, run 5; 9B shapes): Q8_0 4 rows, Q4_K/Q4_0
-    8, Q5_K/Q6_K 4 at 2 warps; otherwise warps so that the grid holds about 24 warps per SM
-    (N = 4096: 4 warps, N = 12288: 1-2) — within 3% of the best of 18 configs on every shape.
-    ROCm (wave64, 256 VGPRs per lane and SIMD; unmeasured): 4 rows, Q5_K/Q6_K half that many."""
+    all of them and keeps BLOCK_N 16-byte loads in flight), num_warps, PREFETCH, PAIRS and a
+    split of K. CUDA, T = 1: _pq_cuda_decode. ROCm (wave64, 256 VGPRs per lane and SIMD;
+    unmeasured): 4 rows, Q5_K/Q6_K half that many."""
     bt = next_pow2(T)
     wide = qtype in ("Q5_K", "Q6_K")          # two planes per element: more registers
     kw = K // PQ_E[qtype]
@@ -1000,29 +1076,51 @@ def _pq_gemv_config_cached(T, N, K, qtype, device):
     # tail (27B: K = 5120, 17408 are 5 and 17 times 1024 elements)
     fit = next((w for w in (4, 2, 1) if kw % (4 * ws * w) == 0), 4)
     rocm = is_rocm()
+    prefetch, pairs = False, 1
     if rocm:
         block_n = max(1, {1: 4, 2: 2}.get(bt, 1) // (2 if wide else 1))
+        warps = fit
     elif bt == 1:
-        block_n = 4 if qtype == "Q8_0" or wide else 8
+        block_n, warps, prefetch, pairs = _pq_cuda_decode(qtype, N, num_sms(device))
+        warps = min(warps, fit)
     else:
         block_n = max(1, {2: 8, 4: 4, 8: 2}.get(bt, 1) // (2 if wide else 1))
-    block_n = min(block_n, next_pow2(N))
-    if rocm or bt > 1:
         warps = fit
-    elif wide:
-        warps = min(2, fit)
-    else:
-        want = 24 * num_sms(device) / triton.cdiv(N, block_n)
-        warps = min(fit, 1 << max(0, min(2, round(math.log2(max(want, 1.0))))))
+    block_n = min(block_n, next_pow2(N))
     progs = triton.cdiv(N, block_n)
     want = 4 * num_sms(device)
     split = 1
     while (progs * split * 2 <= want and kw % (split * 2) == 0
            and (kw // (split * 2)) % (4 * ws * warps) == 0 and kw // (split * 2) >= 1024):
         split *= 2
-    # prefetching the next words paid only for Q8_0 at 4 warps (H200 sweep; it costs registers)
-    prefetch = qtype == "Q8_0" and warps == 4 and not rocm
-    return dict(BLOCK_N=block_n, num_warps=warps, SPLIT=split, PREFETCH=prefetch)
+    return dict(BLOCK_N=block_n, num_warps=warps, SPLIT=split, PREFETCH=prefetch, PAIRS=pairs)
+
+
+def _pq_cuda_decode(qtype, N, sms):
+    """(rows, warps, PREFETCH, PAIRS) of a T = 1 GEMV on CUDA, from the H200 sweeps of 18-36
+    configs on the 9B's shapes (docs/PERF.md, kernel run 9; within 2% of the best on each):
+    - Q4_K / Q4_0: 8 rows, 2 warps from N = 8192 (gate/up 24576: 22.6 us against 24.5 at 1
+      warp; 8192: 9.7 against 10.8 at 4), 4 at N = 4096; Q4_K folds its scales (PAIRS = 2);
+    - Q5_K: 8 rows at 1 warp from N = 8192 (12.2 us against 13.9 at 4 x 2), else 4 x 2;
+    - Q6_K: 4 rows; 1 warp from N = 16384, with PREFETCH for the LM head (248320: 283 us
+      against 307 at 2 warps); 4 warps for N <= 1024 (4.0 us against 5.0); 2 between;
+    - Q8_0: 4 rows; from N = 16384 2 warps with PREFETCH (24576: 28.9 us against 30.3), else
+      warps so that the grid holds about 24 warps per SM (N = 12288: 1, N = 4096: 4, with
+      PREFETCH).
+    PREFETCH applies where a program makes at least 4 iterations (packed_matmul)."""
+    if qtype in ("Q4_K", "Q4_0"):
+        return 8, (2 if N >= 8192 else 4), False, (2 if qtype == "Q4_K" else 1)
+    if qtype == "Q5_K":
+        return (8, 1, False, 1) if N >= 8192 else (4, 2, False, 1)
+    if qtype == "Q6_K":
+        if N >= 16384:
+            return 4, 1, N >= 65536, 1
+        return 4, (4 if N <= 1024 else 2), False, 1
+    if N >= 16384:
+        return 4, 2, True, 1
+    want = 24 * sms / triton.cdiv(N, 4)
+    warps = 1 << max(0, min(2, round(math.log2(max(want, 1.0)))))
+    return 4, warps, warps == 4, 1             # PREFETCH: N = 4096 x 12288, 16.1 against 16.9
 
 
 def packed_matmul(x, pw, *, silu=False, **cfg):
@@ -1056,8 +1154,9 @@ def packed_matmul(x, pw, *, silu=False, **cfg):
         kw_len = triton.cdiv(triton.cdiv(KW, split), 16) * 16
         split = triton.cdiv(KW, kw_len)
         even = kw_len % (4 * H) == 0 and KW % kw_len == 0
-        # the next iteration's words loaded early: only where there is a next iteration
-        prefetch = bool(c.get("PREFETCH")) and even and kw_len // (4 * H) >= 2
+        # the next iteration's loads issued early: only where there are several (H200: with
+        # 2 iterations, Q8_0 4096x4096, it cost 3%)
+        prefetch = bool(c.get("PREFETCH")) and even and kw_len // (4 * H) >= 4
         bt = next_pow2(T)
         if split == 1:
             dst, so_split = out, 0

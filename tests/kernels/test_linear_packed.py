@@ -65,6 +65,8 @@ def test_packed_linear(qtype, T):
 @pytest.mark.parametrize("T,cfg", [(1, dict(H=8, BLOCK_N=4)),                # unmasked loop
                                    (1, dict(H=8, BLOCK_N=4, PAIRS=False)),   # 4-bit fields singly
                                    (3, dict(H=8, BLOCK_N=4, PREFETCH=True)), # next words early
+                                   (1, dict(H=8, BLOCK_N=4, PAIRS=2)),      # folded scales
+                                   (2, dict(H=4, BLOCK_N=2, PAIRS=2, SPLIT=3)),
                                    (2, dict(H=8, SPLIT=2, BLOCK_N=2)),       # split K, even
                                    (5, dict(H=4, SPLIT=3, BLOCK_N=4))])      # split K, tails
 def test_packed_gemv_configs(qtype, T, cfg):
