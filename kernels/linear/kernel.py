@@ -579,6 +579,19 @@ def _pq_field(words, hi, J: tl.constexpr, QT: tl.constexpr, one):
 
 
 @triton.jit
+def _nibble_pair(words, J: tl.constexpr, one):
+    """4-bit fields J and J + 1 of every word as floats: one shift puts field J at bits 15-18
+    and J + 1 at 19-22, then an and-or each: 1 + q / 256 and 1 + q / 16."""
+    if J < 4:
+        sw = words << (15 - 4 * J)
+    else:
+        sw = words >> (4 * J - 15)
+    f0 = ((sw & (15 << 15)) | one).to(tl.float32, bitcast=True)
+    f1 = ((sw & (15 << 19)) | one).to(tl.float32, bitcast=True)
+    return f0, f1
+
+
+@triton.jit
 def _q5_bytes(words, hv, w3):
     """Q5_K: the 5-bit quants of the even / odd fields of each word, one per byte. `hv` is the
     vector's int32 of 5th bits (repack._q5_pos), broadcast over its 4 words."""
@@ -796,12 +809,7 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
             for j in tl.static_range(0, E, 2):
                 x0 = _pq_x(x_ptr, xrow + k0 + xoff + 4 * j, xm, KX, SILU)
                 x1 = _pq_x(x_ptr, xrow + k0 + xoff + 4 * j + 4, xm, KX, SILU)
-                if j < 4:
-                    sw = words << (15 - 4 * j)
-                else:
-                    sw = words >> (4 * j - 15)
-                f0 = ((sw & (15 << 15)) | one).to(tl.float32, bitcast=True)
-                f1 = ((sw & (15 << 19)) | one).to(tl.float32, bitcast=True)
+                f0, f1 = _nibble_pair(words, j, one)
                 p += f0[:, None] * (x0 * 16.0)
                 p += f1[:, None] * x1
                 xe += x0
@@ -837,12 +845,7 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
                 for j in tl.static_range(0, E, 2):
                     x0 = _pq_x(x_ptr, xrow + k0 + xoff + 4 * j, xm, KX, SILU)
                     x1 = _pq_x(x_ptr, xrow + k0 + xoff + 4 * j + 4, xm, KX, SILU)
-                    if j < 4:
-                        sw = words << (15 - 4 * j)
-                    else:
-                        sw = words >> (4 * j - 15)
-                    f0 = ((sw & (15 << 15)) | one).to(tl.float32, bitcast=True)
-                    f1 = ((sw & (15 << 19)) | one).to(tl.float32, bitcast=True)
+                    f0, f1 = _nibble_pair(words, j, one)
                     p += f0[:, None] * (x0 * 16.0)     # separate statements: FMAs into p
                     p += f1[:, None] * x1
                     xs += x0
