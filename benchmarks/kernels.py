@@ -235,7 +235,10 @@ def bench_linear_quant(quick):
                 if not quick and (T == 1 or (N, K) == shapes[0]):
                     res = []
                     base = linear_kernel._pq_gemv_config(T, N, K, qt, x.device)
-                    extra = [dict(base, PAIRS=False)] if qt in ("Q4_K", "Q4_0") else []
+                    # 4-bit fields singly (0), paired (1), paired with folded Q4_K scales (2)
+                    extra = ([dict(base, PAIRS=p) for p in (0, 1, 2) if p != base.get("PAIRS")]
+                             if qt == "Q4_K" else
+                             [dict(base, PAIRS=0)] if qt == "Q4_0" else [])
                     for cfg in (sweep + extra if T == 1 else sweep_dot):
                         try:
                             res.append((run_new(cfg), cfg))
