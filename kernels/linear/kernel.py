@@ -644,6 +644,14 @@ def _pq_scale_raw(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT: tl.constexpr):
 
 
 @triton.jit
+def _d_dmin(dm):
+    """Q4_K / Q5_K: the int32 of a super-block's fp16 d (low half) and dmin (high) as fp32."""
+    d = (dm & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    dmin = ((dm >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return d, dmin
+
+
+@triton.jit
 def _pq_scale_values(ra, rb, QT: tl.constexpr):
     """(A, B) fp32 [H, BN] from _pq_scale_raw's values: dot(w, x) over a vector (Q6_K: over the
     half whose scale ra is) = A * sum(f * x) + B * sum(x)."""
@@ -656,8 +664,7 @@ def _pq_scale_values(ra, rb, QT: tl.constexpr):
         A = 16.0 * d
         B = -24.0 * d
     elif QT == 2 or QT == 3:  # d*sc*q - dmin*m; Q4_K q = 16 f - 16, Q5_K q = 32 f - 32
-        d = (ra & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-        dmin = ((ra >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        d, dmin = _d_dmin(ra)
         scm = rb.to(tl.int32)
         ds = d * _small_int_f32(scm & 255)
         m = _small_int_f32((scm >> 8) & 255)
@@ -688,8 +695,7 @@ def _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT: tl.constexpr, HALF: tl.cons
 def _q4k_values(dm, scm):
     """Q4_K (DS, DM) fp32 [H, BN]: dot(w, x) over a vector = DS * (sum(f x) - sum(x)) -
     DM * sum(x) with f = 1 + q / 16: DS = 16 d sc, DM = dmin m."""
-    d = (dm & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-    dmin = ((dm >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    d, dmin = _d_dmin(dm)
     scm = scm.to(tl.int32)
     # 16 sc: under 2^27's exponent the mantissa's last bit is worth 16
     sc16 = ((scm & 255) | 0x4D000000).to(tl.float32, bitcast=True) - 134217728.0
