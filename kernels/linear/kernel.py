@@ -733,7 +733,7 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
                     so, so_split, kw_len, one,
                     QT: tl.constexpr, E: tl.constexpr, H: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr,
-                    PREFETCH: tl.constexpr = False, PAIRS: tl.constexpr = True,
+                    PREFETCH: tl.constexpr = False, PAIRS: tl.constexpr = 1,
                     SILU: tl.constexpr = False, PDL: tl.constexpr = False):
     """out[t, n] (or split-K partial pid_k) = x[t] . w[n] over words [pid_k * kw_len, +kw_len).
 
@@ -1176,7 +1176,7 @@ def packed_matmul(x, pw, *, silu=False, **cfg):
             x, qs, qh, a, b, dst, N, T, KW, x.stride(0), qs.stride(0), qh.stride(0),
             a.stride(0), b.stride(0), dst.stride(-2), so_split, kw_len, 0x3F800000,
             QT=QT, E=E, H=H, BLOCK_N=BN, BLOCK_T=bt, EVEN=even, PREFETCH=prefetch,
-            PAIRS=c.get("PAIRS", True), SILU=silu, num_warps=warps, **pdl_args(x.device))
+            PAIRS=c["PAIRS"], SILU=silu, num_warps=warps, **pdl_args(x.device))
         if split > 1:
             torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
         return out
