@@ -370,16 +370,29 @@ def bench_gdn(quick):
                     ms = min(ms, res[0][0])
                     best = f"best (block_v, warps)={res[0][1]}"
             record("gdn", f"{model} gdn-decode B={B}", nbytes, ms, ms_ref, best)
-        # conv1d decode step on the same layer
+            # the engine's decode step: the conv1d step in the same kernel (raw projection in)
+            C = 2 * m["lk"] * 128 + m["lv"] * 128
+            qkv = torch.randn(B, C, dtype=torch.float16, device="cuda")
+            w = torch.randn(C, 4, dtype=torch.float16, device="cuda")
+            rings = torch.randn(st.shape[0], C, 4, dtype=torch.float16, device="cuda")
+            lens = torch.randint(1, 4096, (B,), dtype=torch.int32, device="cuda")
+            conv_bytes = B * C * 2 * 2 + B * C * 4 * 2 + C * 8     # x, ring read + write, w
+            args = (qkv, w, rings, lens, a, b, A_log, dt, st, slots)
+            kw = dict(num_k_heads=m["lk"], head_k_dim=128)
+            ms = bench_graph(lambda: registry.call_triton("conv_gated_delta_rule_decode", *args, **kw))
+            ms_ref = bench_graph(lambda: registry.call_reference("conv_gated_delta_rule_decode", *args, **kw))
+            record("gdn", f"{model} conv+gdn-decode B={B}", nbytes + conv_bytes, ms, ms_ref)
+        # conv1d decode step alone on the same layer
         C = 2 * m["lk"] * 128 + m["lv"] * 128
         for B in (1, 32):
             x = torch.randn(B, C, dtype=torch.float16, device="cuda")
             w = torch.randn(C, 4, dtype=torch.float16, device="cuda")
-            cst = torch.randn(64, C, 3, dtype=torch.float16, device="cuda")
+            cst = torch.randn(64, C, 4, dtype=torch.float16, device="cuda")
             slots = torch.arange(B, dtype=torch.int32, device="cuda")
+            lens = torch.randint(1, 4096, (B,), dtype=torch.int32, device="cuda")
             nbytes = B * C * 2 * 2 + 2 * B * C * 3 * 2 + C * 8
-            ms = bench_graph(lambda: registry.call_triton("causal_conv1d_decode", x, w, cst, slots))
-            ms_ref = bench_graph(lambda: registry.call_reference("causal_conv1d_decode", x, w, cst, slots))
+            ms = bench_graph(lambda: registry.call_triton("causal_conv1d_decode", x, w, cst, slots, lens))
+            ms_ref = bench_graph(lambda: registry.call_reference("causal_conv1d_decode", x, w, cst, slots, lens))
             record("conv", f"{model} conv1d-decode B={B} C={C}", nbytes, ms, ms_ref)
     # prefill (chunked) on the 9B layer: one 4k sequence and 4 x 1k
     m = MODELS["9B"]

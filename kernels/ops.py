@@ -72,6 +72,11 @@ registry.register("causal_conv1d_prefill", _conv.causal_conv1d_prefill,
 registry.register("causal_conv1d_decode", _conv.causal_conv1d_decode,
                   "conv1d.kernel:causal_conv1d_decode",
                   lambda x, w, st, *a: _ok(x, st) and x.stride(1) == 1 and w.stride(1) == 1)
+registry.register("conv_gated_delta_rule_decode", _gdn.conv_gated_delta_rule_decode,
+                  "gdn.kernel:conv_gated_delta_rule_decode",
+                  lambda qkv, w, st, lens, a, b, A_log, dtb, ssm, *r, **kw: (
+                      _ok(qkv, st) and ssm.dtype == torch.float32 and w.stride(1) == 1
+                      and _last_contig(qkv, a, b)))
 registry.register("gated_delta_rule_decode", _gdn.gated_delta_rule_decode,
                   "gdn.kernel:gated_delta_rule_decode",
                   lambda q, k, v, a, b, *r, **kw: _ok(q, k, v) and r[2].dtype == torch.float32
@@ -161,15 +166,28 @@ def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens,
                              cu_seqlens_q, seq_lens, scale, gate=gate, max_seqlen_q=max_seqlen_q)
 
 
-def causal_conv1d_prefill(x, weight, cu_seqlens, conv_states, state_slots, has_initial_state):
-    """silu(causal depthwise conv(x)) for a flat varlen batch; updates conv_states[slot]."""
+def causal_conv1d_prefill(x, weight, cu_seqlens, conv_states, state_slots, has_initial_state,
+                          context_lens):
+    """silu(causal depthwise conv(x)) for a flat varlen batch whose sequence b starts at its
+    token context_lens[b]; updates the rings conv_states[slot] ([C, K]: token t in column t % K)."""
     return registry.dispatch("causal_conv1d_prefill", x, weight, cu_seqlens, conv_states,
-                             state_slots, has_initial_state)
+                             state_slots, has_initial_state, context_lens)
 
 
-def causal_conv1d_decode(x, weight, conv_states, state_slots):
-    """One step per sequence: x [B, C] -> [B, C]; conv_states updated in place."""
-    return registry.dispatch("causal_conv1d_decode", x, weight, conv_states, state_slots)
+def causal_conv1d_decode(x, weight, conv_states, state_slots, seq_lens):
+    """One step per sequence, its token seq_lens[b] - 1: x [B, C] -> [B, C]; rings updated."""
+    return registry.dispatch("causal_conv1d_decode", x, weight, conv_states, state_slots, seq_lens)
+
+
+def conv_gated_delta_rule_decode(qkv, conv_weight, conv_states, seq_lens, a, b, A_log, dt_bias,
+                                 ssm_states, state_slots, *, num_k_heads, head_k_dim,
+                                 v_head_order="grouped"):
+    """causal_conv1d_decode of the raw projection qkv [B, 2 Hk Dk + Hv Dv], then
+    gated_delta_rule_decode of its q | k | v heads: one kernel on a GPU."""
+    return registry.dispatch("conv_gated_delta_rule_decode", qkv, conv_weight, conv_states,
+                             seq_lens, a, b, A_log, dt_bias, ssm_states, state_slots,
+                             num_k_heads=num_k_heads, head_k_dim=head_k_dim,
+                             v_head_order=v_head_order)
 
 
 def gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, *,

@@ -186,7 +186,7 @@ def estimate_memory(
     conv_k = _int(facts, "linear_conv_kernel_dim", "gguf/ssm.conv_kernel") or 4
     k_per_rank, v_per_rank = math.ceil(k_heads / tp), math.ceil(v_heads / tp)
     recurrent = v_per_rank * k_dim * v_dim * state_bytes
-    conv = (2 * k_per_rank * k_dim + v_per_rank * v_dim) * (conv_k - 1) * act_bytes
+    conv = (2 * k_per_rank * k_dim + v_per_rank * v_dim) * conv_k * act_bytes  # rings of K inputs
     linear_state = n_linear * (recurrent + conv) * seqs
 
     # --- activations ---------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 per-sequence state slots for the linear-attention (Gated DeltaNet) layers.
 
 Full-attention layer i: k_cache[i], v_cache[i] of [num_blocks, block_size, num_kv_heads, head_dim]
-(model dtype). Linear layer i: conv_state[i] [num_state_slots, conv_dim, K-1] (model dtype) and
+(model dtype). Linear layer i: conv_state[i] [num_state_slots, conv_dim, K] (model dtype; a
+ring of the last inputs, kernels/conv1d/reference.py) and
 ssm_state[i] [num_state_slots, Hv, Dk, Dv] (fp32). Each kind lives in one allocation; the
 per-layer entries are views of it."""
 
@@ -29,7 +30,7 @@ def state_bytes_per_slot(config: ModelConfig, dtype: torch.dtype) -> int:
     """Bytes of one sequence's linear-attention state across all linear layers (conv state in
     `dtype`, recurrent state in fp32)."""
     n = len(config.linear_attention_layers)
-    conv = config.linear_conv_dim * (config.linear_conv_kernel_dim - 1) * _itemsize(dtype)
+    conv = config.linear_conv_dim * config.linear_conv_kernel_dim * _itemsize(dtype)
     ssm = config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim * 4
     return n * (conv + ssm)
 
@@ -43,7 +44,7 @@ class ModelCache:
     dtype: torch.dtype
     device: torch.device
     kv: torch.Tensor | None = None          # [n_full, 2, num_blocks, block_size, Hkv, D]
-    conv: torch.Tensor | None = None        # [n_linear, S, conv_dim, K-1]
+    conv: torch.Tensor | None = None        # [n_linear, S, conv_dim, K]
     ssm: torch.Tensor | None = None         # [n_linear, S, Hv, Dk, Dv] fp32
     k_cache: dict[int, torch.Tensor] = field(default_factory=dict)
     v_cache: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -70,7 +71,7 @@ class ModelCache:
             dtype=dtype, device=device,
         )
         c.conv = torch.zeros(
-            len(lin), num_state_slots, config.linear_conv_dim, config.linear_conv_kernel_dim - 1,
+            len(lin), num_state_slots, config.linear_conv_dim, config.linear_conv_kernel_dim,
             dtype=dtype, device=device,
         )
         c.ssm = torch.zeros(

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from .._triton_util import empty, is_rocm, next_pow2, num_sms, step_memo
+from ..conv1d.kernel import conv_step
 from ..pdl import pdl_args, pdl_start
 
 
@@ -44,8 +45,15 @@ def _softplus(x):
 def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, st_ptr, slot_ptr,
                        o_ptr, Hk, Hv, DK, DV, sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sa_b, sb_b,
                        ss_s, ss_h, ss_k, so_b, so_h, q_scale,
+                       cw_ptr, cst_ptr, len_ptr, KEY_DIM, scw_c, scs_s, scs_c,
                        GROUPED: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+                       CONV: tl.constexpr = False, CONV_K: tl.constexpr = 4,
                        PDL: tl.constexpr = False):
+    """CONV: q, k, v are the raw projection (channels [q | k | v] of the conv1d) and the
+    program first applies the conv step to its channels (conv1d/kernel.py: conv_step). The
+    q/k channels of a key head are shared by the programs of its value heads: all compute
+    their conv from the ring, one of them writes the new input (the ring column it writes is
+    one nobody reads in this step)."""
     pdl_start(PDL)
     bi = tl.program_id(0)
     h = tl.program_id(1)
@@ -62,13 +70,31 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, st_
     sp = st_ptr + slot * ss_s + h * ss_h + kk[:, None] * ss_k + vv[None, :]
     m2 = kmask[:, None] & vmask[None, :]
     S = tl.load(sp, mask=m2, other=0.0)
-    q = tl.load(q_ptr + b64 * sq_b + kh * sq_h + kk, mask=kmask, other=0.0).to(tl.float32)
-    k = tl.load(k_ptr + b64 * sk_b + kh * sk_h + kk, mask=kmask, other=0.0).to(tl.float32)
-    v = tl.load(v_ptr + b64 * sv_b + h * sv_h + vv, mask=vmask, other=0.0).to(tl.float32)
+    q = tl.load(q_ptr + b64 * sq_b + kh * sq_h + kk, mask=kmask, other=0.0)
+    k = tl.load(k_ptr + b64 * sk_b + kh * sk_h + kk, mask=kmask, other=0.0)
+    v = tl.load(v_ptr + b64 * sv_b + h * sv_h + vv, mask=vmask, other=0.0)
     a = tl.load(a_ptr + b64 * sa_b + h).to(tl.float32)
     bb = tl.load(b_ptr + b64 * sb_b + h).to(tl.float32)
     A = tl.load(alog_ptr + h).to(tl.float32)
     dtb = tl.load(dtb_ptr + h).to(tl.float32)
+    if CONV:
+        t = tl.load(len_ptr + bi) - 1
+        dt = q.dtype                                  # rounded as the separate conv op stores it
+        qc = kh * DK + kk                             # conv channels of this program's q, k, v
+        kc = KEY_DIM + qc
+        vc = 2 * KEY_DIM + h * DV + vv
+        ring = cst_ptr + slot * scs_s
+        writer = vb == 0
+        if GROUPED:
+            writer = writer & (h % (Hv // Hk) == 0)
+        else:
+            writer = writer & (h < Hk)
+        q = conv_step(q, cw_ptr + qc * scw_c, ring + qc * scs_c, kmask, t, writer, CONV_K).to(dt)
+        k = conv_step(k, cw_ptr + kc * scw_c, ring + kc * scs_c, kmask, t, writer, CONV_K).to(dt)
+        v = conv_step(v, cw_ptr + vc * scw_c, ring + vc * scs_c, vmask, t, True, CONV_K).to(dt)
+    q = q.to(tl.float32)
+    k = k.to(tl.float32)
+    v = v.to(tl.float32)
     q = q / tl.sqrt(tl.sum(q * q, axis=0) + 1e-6) * q_scale
     k = k / tl.sqrt(tl.sum(k * k, axis=0) + 1e-6)
     decay = tl.exp(-tl.exp(A) * _softplus(a + dtb))
@@ -82,8 +108,14 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, st_
     tl.store(o_ptr + b64 * so_b + h * so_h + vv, o.to(o_ptr.dtype.element_ty), mask=vmask)
 
 
+def _decode_block_v(B, Hv, DV, block_v):
+    return block_v or min(next_pow2(DV), 32 if B * Hv >= 256 else 16)
+
+
 def gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, *,
-                            v_head_order="grouped", block_v=None, num_warps=4):
+                            v_head_order="grouped", block_v=None, num_warps=4, _conv=None):
+    """_conv = (conv_weight, conv_states, seq_lens, key_dim): q, k, v are the raw projection's
+    views and the conv step runs in the same kernel (conv_gated_delta_rule_decode)."""
     B, Hk, DK = k.shape
     Hv, DV = v.shape[1], v.shape[2]
     o = empty((B, Hv, DV), v.dtype, v.device)
@@ -94,15 +126,36 @@ def gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slo
         assert t.stride(-1) == 1
     assert a.stride(-1) == 1 and b.stride(-1) == 1
     BLOCK_K = next_pow2(DK)
-    BLOCK_V = block_v or min(next_pow2(DV), 32 if B * Hv >= 256 else 16)
+    BLOCK_V = _decode_block_v(B, Hv, DV, block_v)
+    if _conv is None:
+        conv_args, conv_kw = (ssm_states, ssm_states, state_slots, 0, 0, 0, 0), {}
+    else:
+        cw, cst, lens, key_dim = _conv
+        assert cw.stride(1) == 1 and cst.stride(2) == 1
+        conv_args = (cw, cst, lens, key_dim, cw.stride(0), cst.stride(0), cst.stride(1))
+        conv_kw = dict(CONV=True, CONV_K=cw.shape[1])
     _gdn_decode_kernel[(B, Hv, triton.cdiv(DV, BLOCK_V))](
         q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, o, Hk, Hv, DK, DV,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         a.stride(0), b.stride(0), ssm_states.stride(0), ssm_states.stride(1),
-        ssm_states.stride(2), o.stride(0), o.stride(1), DK ** -0.5,
+        ssm_states.stride(2), o.stride(0), o.stride(1), DK ** -0.5, *conv_args,
         GROUPED=v_head_order == "grouped", BLOCK_K=BLOCK_K, BLOCK_V=BLOCK_V, num_warps=num_warps,
-        **pdl_args(q.device))
+        **conv_kw, **pdl_args(q.device))
     return o
+
+
+def conv_gated_delta_rule_decode(qkv, conv_weight, conv_states, seq_lens, a, b, A_log, dt_bias,
+                                 ssm_states, state_slots, *, num_k_heads, head_k_dim,
+                                 v_head_order="grouped", block_v=None, num_warps=4):
+    B = qkv.shape[0]
+    key_dim = num_k_heads * head_k_dim
+    Hv = a.shape[1]
+    q, k, v = qkv.split([key_dim, key_dim, qkv.shape[1] - 2 * key_dim], dim=-1)
+    return gated_delta_rule_decode(
+        q.view(B, num_k_heads, head_k_dim), k.view(B, num_k_heads, head_k_dim),
+        v.view(B, Hv, -1), a, b, A_log, dt_bias, ssm_states, state_slots,
+        v_head_order=v_head_order, block_v=block_v, num_warps=num_warps,
+        _conv=(conv_weight, conv_states, seq_lens, key_dim))
 
 
 @triton.jit

@@ -23,8 +23,9 @@ def test_kv_and_linear_state_arithmetic(tmp_path):
     assert est.dtype == "float16" and est.max_model_len == 8192 and est.max_num_seqs == 4
     # 32 layers, 1 in 4 full attention -> 8 full layers; K and V; 4 KV heads x 256; fp16
     assert d.kv_cache == 8 * 2 * 4 * 256 * 2 * 8192 * 4
-    # 24 linear layers: recurrent 32 v-heads x 128 x 128 fp32 + conv (2*16*128 + 32*128) x 3 fp16, x 4 seqs
-    assert d.linear_state == 24 * (32 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) * 3 * 2) * 4
+    # 24 linear layers: recurrent 32 v-heads x 128 x 128 fp32 + conv rings (2*16*128 + 32*128) x 4
+    # fp16, x 4 seqs
+    assert d.linear_state == 24 * (32 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) * 4 * 2) * 4
     assert d.weights == 5 * GB
     assert d.overhead == GPU_RUNTIME_OVERHEAD
     assert d.total == d.weights + d.kv_cache + d.linear_state + d.activations + d.overhead

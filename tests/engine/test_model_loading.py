@@ -145,7 +145,7 @@ def test_cache_sizes_and_reset(tiny_cfg):
     assert state == 3 * state_bytes_per_slot(tiny_cfg, torch.float16)
     assert set(cache.k_cache) == {1, 3} and set(cache.conv_state) == {0, 2}
     assert cache.k_cache[1].shape == (10, 16, 2, 32)
-    assert cache.conv_state[0].shape == (3, tiny_cfg.linear_conv_dim, 3)
+    assert cache.conv_state[0].shape == (3, tiny_cfg.linear_conv_dim, 4)    # rings of K inputs
     assert cache.ssm_state[2].shape == (3, 4, 16, 16) and cache.ssm_state[2].dtype == torch.float32
     cache.conv.fill_(1)
     cache.ssm.fill_(1)

@@ -155,7 +155,8 @@ def test_independent_reference_ops_agree(g906_tiny, hf_refs, monkeypatch):
     """layers/reference.py (written apart from g906.kernels) gives the same model output."""
     from g906.engine.layers import ops, reference
 
-    for name in ("causal_conv1d_decode", "causal_conv1d_prefill", "gated_delta_rule_decode",
+    for name in ("causal_conv1d_decode", "causal_conv1d_prefill", "conv_gated_delta_rule_decode",
+                 "gated_delta_rule_decode",
                  "gated_delta_rule_prefill", "gated_rms_norm", "linear", "paged_decode_attention",
                  "prefill_attention", "qk_norm_rotary", "rms_norm", "rotary_", "silu_and_mul",
                  "store_kv"):

@@ -29,15 +29,16 @@ def test_conv1d_prefill(dtype):
     cu = _i32([0, 1, 7, 9, 13])
     slots = _i32([2, 0, 3, 4])
     init = torch.tensor([True, False, True, False], device=DEVICE)
-    st0 = randn(S, C, K - 1, dtype=dtype, gen=g)
+    first = _i32([5, 0, 2, 0])                 # chunk starts: taps before token 0 read as zero
+    st0 = randn(S, C, K, dtype=dtype, gen=g)
     st0[1] = float("nan")                                   # a slot nobody owns stays untouched
+    st0[3, :, 3] = float("nan")                             # ring column of token -1: never read
     st_t, st_r = st0.clone(), st0.clone()
-    out = registry.call_triton("causal_conv1d_prefill", x, w, cu, st_t, slots, init)
-    ref = registry.call_reference("causal_conv1d_prefill", x, w, cu, st_r, slots, init)
+    out = registry.call_triton("causal_conv1d_prefill", x, w, cu, st_t, slots, init, first)
+    ref = registry.call_reference("causal_conv1d_prefill", x, w, cu, st_r, slots, init, first)
     assert_close(out, ref)
     assert torch.isnan(st_t[1]).all()
-    keep = [0, 2, 3, 4]
-    assert_close(st_t[keep], st_r[keep])
+    assert torch.equal(st_t.nan_to_num(7.0), st_r.nan_to_num(7.0))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -47,27 +48,34 @@ def test_conv1d_decode(dtype):
     x = randn(B, C, dtype=dtype, gen=g)
     w = randn(C, K, dtype=dtype, gen=g)
     slots = _i32([3, 0, 2])
-    st0 = randn(S, C, K - 1, dtype=dtype, gen=g)
+    lens = _i32([1, 3, 10])                    # tokens 0 and 2: some taps before the sequence
+    st0 = randn(S, C, K, dtype=dtype, gen=g)
+    st0[3, :, 1:] = float("nan")               # token 0's slot: columns of tokens < 0, unread
     st_t, st_r = st0.clone(), st0.clone()
-    out = registry.call_triton("causal_conv1d_decode", x, w, st_t, slots)
-    ref = registry.call_reference("causal_conv1d_decode", x, w, st_r, slots)
+    out = registry.call_triton("causal_conv1d_decode", x, w, st_t, slots, lens)
+    ref = registry.call_reference("causal_conv1d_decode", x, w, st_r, slots, lens)
     assert_close(out, ref)
-    assert torch.equal(st_t, st_r)
+    assert torch.equal(st_t.nan_to_num(7.0), st_r.nan_to_num(7.0))
 
 
-def test_conv1d_prefill_then_decode_equals_longer_prefill():
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_conv1d_chunks_then_decode_equal_one_prefill(impl):
+    """Prefill in chunks (one shorter than the kernel), then decode steps: the same outputs as
+    one prefill of the whole sequence."""
+    call = registry.call_triton if impl == "triton" else registry.call_reference
     g = torch.Generator().manual_seed(22)
     C, K = 16, 4
-    x = randn(7, C, gen=g)
+    x = randn(9, C, gen=g)
     w = randn(C, K, gen=g)
-    st = torch.zeros(1, C, K - 1, device=DEVICE)
     slot = _i32([0])
-    no = torch.tensor([False], device=DEVICE)
-    full = registry.call_triton("causal_conv1d_prefill", x, w, _i32([0, 7]), st.clone(), slot, no)
-    registry.call_triton("causal_conv1d_prefill", x[:5], w, _i32([0, 5]), st, slot, no)
-    y5 = registry.call_triton("causal_conv1d_decode", x[5:6], w, st, slot)
-    y6 = registry.call_triton("causal_conv1d_decode", x[6:7], w, st, slot)
-    assert_close(torch.cat([y5, y6]), full[5:])
+    no, yes = torch.tensor([False], device=DEVICE), torch.tensor([True], device=DEVICE)
+    full = call("causal_conv1d_prefill", x, w, _i32([0, 9]), randn(1, C, K, gen=g), slot, no,
+                _i32([0]))
+    st = torch.full((1, C, K), float("nan"), device=DEVICE)    # a fresh slot's ring is never read
+    y = [call("causal_conv1d_prefill", x[:4], w, _i32([0, 4]), st, slot, no, _i32([0])),
+         call("causal_conv1d_prefill", x[4:6], w, _i32([0, 2]), st, slot, yes, _i32([4]))]
+    y += [call("causal_conv1d_decode", x[i:i + 1], w, st, slot, _i32([i + 1])) for i in (6, 7, 8)]
+    assert_close(torch.cat(y), full)
 
 
 def _gdn_inputs(T, Hk, Hv, Dk, Dv, dtype, gen):
@@ -98,6 +106,53 @@ def test_gdn_decode(order, dtype):
     assert_close(o_t, o_r)
     assert torch.isnan(st_t[1]).all()
     assert_close(st_t[[0, 2, 3, 4]], st_r[[0, 2, 3, 4]], tol=1e-5)
+
+
+def _conv_gdn_inputs(B, Hk, Hv, Dk, Dv, K, S, dtype, gen):
+    """Raw projection rows [q | k | v | extra columns] (as the fused projection's output),
+    conv weights and rings, a, b, A_log, dt_bias, recurrent states."""
+    C = 2 * Hk * Dk + Hv * Dv
+    proj = randn(B, C + 2 * Hv + 5, dtype=dtype, gen=gen)
+    qkv, a, b = proj[:, :C], proj[:, C:C + Hv], proj[:, C + Hv:C + 2 * Hv]
+    w = randn(C, K, dtype=dtype, gen=gen, scale=0.5)
+    rings = randn(S, C, K, dtype=dtype, gen=gen)
+    A_log = randn(Hv, gen=gen, scale=0.5)
+    dt_bias = randn(Hv, gen=gen, scale=0.5)
+    st = randn(S, Hv, Dk, Dv, gen=gen, scale=0.3)
+    return qkv, w, rings, a, b, A_log, dt_bias, st
+
+
+@pytest.mark.parametrize("order", ["grouped", "tiled"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_conv_gdn_decode(order, dtype):
+    """The conv step inside the recurrent step's kernel: several programs share each key head's
+    q/k channels (2 value heads x 2 value blocks here), one writes their ring."""
+    g = torch.Generator().manual_seed(31)
+    B, Hk, Hv, Dk, Dv, K, S = 3, 2, 4, 16, 24, 4, 5
+    qkv, w, rings, a, b, A_log, dt_bias, st0 = _conv_gdn_inputs(B, Hk, Hv, Dk, Dv, K, S, dtype, g)
+    st0[1] = float("nan")
+    slots, lens = _i32([2, 0, 4]), _i32([7, 2, 1])
+    rings[4, :, 1:] = float("nan")              # ring columns of tokens < 0: never read
+    rings[0, :, 2:] = float("nan")
+    r_t, r_r, s_t, s_r = rings.clone(), rings.clone(), st0.clone(), st0.clone()
+    kw = dict(num_k_heads=Hk, head_k_dim=Dk, v_head_order=order)
+    o_t = registry.call_triton("conv_gated_delta_rule_decode", qkv, w, r_t, lens, a, b, A_log,
+                               dt_bias, s_t, slots, **kw)
+    o_r = registry.call_reference("conv_gated_delta_rule_decode", qkv, w, r_r, lens, a, b, A_log,
+                                  dt_bias, s_r, slots, **kw)
+    assert_close(o_t, o_r)
+    assert torch.equal(r_t.nan_to_num(7.0), r_r.nan_to_num(7.0))
+    assert torch.isnan(s_t[1]).all()
+    assert_close(s_t[[0, 2, 3, 4]], s_r[[0, 2, 3, 4]], tol=1e-5)
+    # and the same as the two separate kernels
+    r2, s2 = rings.clone(), st0.clone()
+    y = registry.call_triton("causal_conv1d_decode", qkv, w, r2, slots, lens)
+    kd = Hk * Dk
+    o2 = registry.call_triton("gated_delta_rule_decode", y[:, :kd].reshape(B, Hk, Dk),
+                              y[:, kd:2 * kd].reshape(B, Hk, Dk), y[:, 2 * kd:].reshape(B, Hv, Dv),
+                              a, b, A_log, dt_bias, s2, slots, v_head_order=order)
+    assert_close(o_t, o2, tol=1e-6)
+    assert torch.equal(r_t.nan_to_num(7.0), r2.nan_to_num(7.0))
 
 
 PREFILL_CASES = [  # lens, chunk_size
@@ -242,4 +297,16 @@ def test_gdn_real_shapes(order):
     o_r = registry.call_reference("gated_delta_rule_decode", qd, kd, vd, ad, bd, A_log, dt_bias, s2,
                                   sl, v_head_order=order)
     assert_close(o_t, o_r)
+    assert_close(s1, s2, tol=1e-5)
+    qkv, w, rings, a, b, A_log, dt_bias, sd = _conv_gdn_inputs(B, Hk, Hv, Dk, Dv, 4, B,
+                                                               torch.float16, g)
+    lens = torch.randint(1, 5000, (B,), generator=g).to(torch.int32).to(DEVICE)
+    r1, r2, s1, s2 = rings.clone(), rings.clone(), sd.clone(), sd.clone()
+    kw = dict(num_k_heads=Hk, head_k_dim=Dk, v_head_order=order)
+    o_t = registry.call_triton("conv_gated_delta_rule_decode", qkv, w, r1, lens, a, b, A_log,
+                               dt_bias, s1, sl, **kw)
+    o_r = registry.call_reference("conv_gated_delta_rule_decode", qkv, w, r2, lens, a, b, A_log,
+                                  dt_bias, s2, sl, **kw)
+    assert_close(o_t, o_r)
+    assert torch.equal(r1, r2)
     assert_close(s1, s2, tol=1e-5)

@@ -64,7 +64,7 @@ class GatedDeltaNet(WeightHolder):
         self.in_proj = FusedProjections([self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a])
         self.A_log = None
         self.dt_bias = None
-        self.conv_state: torch.Tensor | None = None  # [S, conv_dim, K-1], set by bind_cache
+        self.conv_state: torch.Tensor | None = None  # [S, conv_dim, K] rings, set by bind_cache
         self.ssm_state: torch.Tensor | None = None   # [S, Hv, Dk, Dv] fp32
 
     def weight_specs(self) -> dict[str, WeightSpec]:
@@ -86,27 +86,27 @@ class GatedDeltaNet(WeightHolder):
         if conv_state is None:
             # No cache bound (e.g. a memory-profiling run): fresh sequences, throw-away states.
             nseq = ctx.num_seqs
-            conv_state = qkv.new_zeros(nseq, self.conv_dim, w.shape[1] - 1)
+            conv_state = qkv.new_zeros(nseq, self.conv_dim, w.shape[1])
             ssm_state = torch.zeros(nseq, self.num_v_heads, self.head_k_dim, self.head_v_dim,
                                     dtype=torch.float32, device=qkv.device)
             slots = torch.arange(nseq, dtype=torch.int32, device=qkv.device)
             has_init = torch.zeros(nseq, dtype=torch.bool, device=qkv.device)
         if ctx.is_prefill:
-            qkv = ops.causal_conv1d_prefill(qkv, w, ctx.cu_seqlens_q, conv_state, slots, has_init)
-        else:
-            qkv = ops.causal_conv1d_decode(qkv, w, conv_state, slots)
-        q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        q = q.reshape(t, self.num_k_heads, self.head_k_dim)
-        k = k.reshape(t, self.num_k_heads, self.head_k_dim)
-        v = v.reshape(t, self.num_v_heads, self.head_v_dim)
-        if ctx.is_prefill:
+            qkv = ops.causal_conv1d_prefill(qkv, w, ctx.cu_seqlens_q, conv_state, slots, has_init,
+                                            ctx.context_lens)
+            q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
             o = ops.gated_delta_rule_prefill(
-                q, k, v, a, b, self.A_log, self.dt_bias, ctx.cu_seqlens_q, ssm_state, slots, has_init,
+                q.reshape(t, self.num_k_heads, self.head_k_dim),
+                k.reshape(t, self.num_k_heads, self.head_k_dim),
+                v.reshape(t, self.num_v_heads, self.head_v_dim),
+                a, b, self.A_log, self.dt_bias, ctx.cu_seqlens_q, ssm_state, slots, has_init,
                 v_head_order=self.head_order,
             )
-        else:
-            o = ops.gated_delta_rule_decode(
-                q, k, v, a, b, self.A_log, self.dt_bias, ssm_state, slots, v_head_order=self.head_order
+        else:  # conv step and recurrent step in one kernel on a GPU
+            o = ops.conv_gated_delta_rule_decode(
+                qkv, w, conv_state, ctx.seq_lens, a, b, self.A_log, self.dt_bias, ssm_state, slots,
+                num_k_heads=self.num_k_heads, head_k_dim=self.head_k_dim,
+                v_head_order=self.head_order,
             )
         # z stays a [t, Hv, Dv] view of the projection output (the norm reads it in place);
         # norm and projection are one kernel in decode where that pays (docs/kernels.md)

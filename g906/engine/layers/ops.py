@@ -8,6 +8,7 @@ signatures; to run the model on it, import the op names from there instead (one 
 from g906.kernels.ops import (  # noqa: F401
     causal_conv1d_decode,
     causal_conv1d_prefill,
+    conv_gated_delta_rule_decode,
     gated_delta_rule_decode,
     gated_delta_rule_prefill,
     gated_norm_linear,

@@ -6,7 +6,7 @@ the model on both and compare (a second opinion on the kernels' own references).
 
 Conventions: a step is a flat batch of T tokens from B sequences (see ForwardContext).
 Paged KV caches are [num_blocks, block_size, num_kv_heads, head_dim]; linear-attention state
-slots are conv_states [S, conv_dim, K-1] (model dtype) and ssm_states [S, Hv, Dk, Dv] (fp32).
+slots are conv_states [S, conv_dim, K] (model dtype; a ring: token t's input in column t % K) and ssm_states [S, Hv, Dk, Dv] (fp32).
 """
 
 from __future__ import annotations
@@ -214,35 +214,67 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, *
 # Gated DeltaNet: causal depthwise conv1d (+ SiLU)
 
 
-def causal_conv1d_prefill(x, weight, cu_seqlens, conv_states, state_slots, has_initial_state):
+def _ring_inputs(ring, tokens):
+    """[C, len(tokens)] fp32: the saved inputs of these sequence indices (zeros before 0); the
+    ring [C, K] keeps the input of token t in column t % K."""
+    kw = ring.shape[1]
+    cols = torch.tensor([t % kw for t in tokens], dtype=torch.long, device=ring.device)
+    keep = torch.tensor([t >= 0 for t in tokens], device=ring.device)
+    return torch.where(keep[None, :], ring.index_select(1, cols).float(), 0.0)
+
+
+def causal_conv1d_prefill(x, weight, cu_seqlens, conv_states, state_slots, has_initial_state,
+                          context_lens):
     """Causal depthwise conv + SiLU over each sequence of the flat batch x [T, C], weight [C, K].
-    A sequence with has_initial_state continues from conv_states[slot] ([C, K-1], its last K-1
-    inputs, oldest first), else starts from zeros; its last K-1 inputs are written back."""
+    Sequence b's new tokens start at its index context_lens[b]; with has_initial_state it
+    continues from the inputs saved in conv_states[slot] (a ring [C, K], token t in column
+    t % K), else from zeros. Its new inputs are saved in their columns."""
     c, kw = weight.shape
     out = torch.empty_like(x)
     cu = cu_seqlens.tolist()
     w = weight.float()[:, None, :]
     for b in range(len(cu) - 1):
         s, e = cu[b], cu[b + 1]
-        slot = int(state_slots[b])
+        slot, first = int(state_slots[b]), int(context_lens[b])
+        ring = conv_states[slot]
+        earlier = list(range(first - (kw - 1), first))
         if bool(has_initial_state[b]):
-            prev = conv_states[slot].float()
+            prev = _ring_inputs(ring, earlier)
         else:
             prev = torch.zeros(c, kw - 1, dtype=torch.float32, device=x.device)
         full = torch.cat([prev, x[s:e].float().t()], dim=1)  # [C, K-1+L]
         if e > s:
             out[s:e] = F.silu(F.conv1d(full[None], w, groups=c)[0]).t().to(x.dtype)
-        conv_states[slot] = full[:, full.shape[1] - (kw - 1):].to(conv_states.dtype)
+        for j in range(max(0, e - s - (kw - 1)), e - s):      # the last K-1 new inputs
+            ring[:, (first + j) % kw] = x[s + j].to(conv_states.dtype)
     return out
 
 
-def causal_conv1d_decode(x, weight, conv_states, state_slots):
-    """One new token per sequence: x [B, C]; conv_states[slot] is read and shifted in place."""
-    slots = state_slots.to(torch.long)
-    full = torch.cat([conv_states[slots].float(), x.float()[:, :, None]], dim=2)  # [B, C, K]
-    y = (full * weight.float()[None]).sum(-1)
-    conv_states[slots] = full[:, :, 1:].to(conv_states.dtype)
-    return F.silu(y).to(x.dtype)
+def causal_conv1d_decode(x, weight, conv_states, state_slots, seq_lens):
+    """One new token per sequence, sequence index seq_lens[b] - 1: x [B, C]."""
+    kw = weight.shape[1]
+    out = torch.empty_like(x)
+    for b in range(x.shape[0]):
+        slot, t = int(state_slots[b]), int(seq_lens[b]) - 1
+        ring = conv_states[slot]
+        full = torch.cat([_ring_inputs(ring, range(t - kw + 1, t)), x[b].float()[:, None]], dim=1)
+        out[b] = F.silu((full * weight.float()).sum(-1)).to(x.dtype)
+        ring[:, t % kw] = x[b].to(conv_states.dtype)
+    return out
+
+
+def conv_gated_delta_rule_decode(qkv, conv_weight, conv_states, seq_lens, a, b, A_log, dt_bias,
+                                 ssm_states, state_slots, *, num_k_heads, head_k_dim,
+                                 v_head_order="grouped"):
+    """causal_conv1d_decode on the raw [q | k | v] projection, then the recurrent step."""
+    y = causal_conv1d_decode(qkv, conv_weight, conv_states, state_slots, seq_lens)
+    kd = num_k_heads * head_k_dim
+    n = qkv.shape[0]
+    q = y[:, :kd].reshape(n, num_k_heads, head_k_dim)
+    k = y[:, kd:2 * kd].reshape(n, num_k_heads, head_k_dim)
+    v = y[:, 2 * kd:].reshape(n, a.shape[1], -1)
+    return gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots,
+                                   v_head_order=v_head_order)
 
 
 # --------------------------------------------------------------------------------------------
