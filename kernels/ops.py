@@ -14,6 +14,7 @@ import torch
 
 from . import registry
 from .activation import reference as _act
+from .argmax import reference as _argmax
 from .attention import reference as _attn
 from .conv1d import reference as _conv
 from .gdn import reference as _gdn
@@ -85,6 +86,8 @@ registry.register("gated_delta_rule_prefill", _gdn.gated_delta_rule_prefill,
                   "gdn.kernel:gated_delta_rule_prefill",
                   lambda q, k, v, a, b, *r, **kw: _ok(q, k, v) and r[3].dtype == torch.float32
                   and _last_contig(q, k, v, a, b) and k.shape[-1] <= 256)
+registry.register("argmax", _argmax.argmax, "argmax.kernel:argmax",
+                  lambda x: x.dim() == 2 and x.stride(1) == 1 and _ok(x))
 registry.register("linear", _lin.linear, "linear.kernel:linear", _linear_supports)
 # fused into the decode GEMV where its recompute is cheap (linear.kernel: FUSED_RECOMPUTE_MAX);
 # otherwise the Triton side runs the two ops through the registry, each in its own range
@@ -136,6 +139,11 @@ def qk_norm_rotary(q, k, q_weight, k_weight, eps, positions, cos_sin_cache, rot_
     new k and v."""
     return registry.dispatch("qk_norm_rotary", q, k, q_weight, k_weight, eps, positions,
                              cos_sin_cache, rot_dim, zero_centred=zero_centred, kv_store=kv_store)
+
+
+def argmax(x):
+    """x [T, V] -> int64 [T]: each row's first maximum (greedy sampling's token)."""
+    return registry.dispatch("argmax", x)
 
 
 def silu_and_mul(x):

@@ -4,12 +4,13 @@
                           scratch_block=cache.num_blocks - 1, scratch_slot=cache.num_state_slots - 1)
     graphs.capture()                       # GPU only; skip it (or use_graphs=False) to run eagerly
     logits = graphs.run(seqs)              # [len(seqs), vocab] float32, for decode steps
+    logits, greedy = graphs.run_step(seqs) # and each row's argmax (int64), computed in the graph
 
 A decode step of n sequences runs at the smallest captured batch size bs >= n (1, 2, 4, 8, 16,
 32, 64, 96, 128, ... up to max_num_seqs). Its inputs live in static device buffers (ids,
 positions, KV slots, block tables of the full max_model_len width, sequence lengths, state
 slots) filled from pinned host buffers by one non-blocking copy each; the model's forward and the
-LM head (logits) are captured together. The bs - n padding rows never touch real cache memory:
+LM head (logits) and the logits' argmax (greedy sampling's tokens) are captured together. The bs - n padding rows never touch real cache memory:
 their token writes go to a scratch KV block and their linear-attention state updates to a
 scratch state slot, both allocated beyond what the block manager hands out. Each row of every
 op depends only on its own inputs, so padding changes nothing in the real rows.
@@ -184,10 +185,13 @@ class DecodeGraphs:
         )
 
     @torch.inference_mode()
-    def _forward(self, bs: int) -> torch.Tensor:
+    def _forward(self, bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        from g906.kernels import ops
+
         ctx = self.context(bs)
         hidden = self.model.forward(self.d_long[0, :bs], self.d_long[1, :bs], ctx)
-        return self.model.compute_logits(hidden)
+        logits = self.model.compute_logits(hidden)
+        return logits, ops.argmax(logits)
 
     # -- graphs ----------------------------------------------------------------------------------
     def capture(self) -> float:
@@ -226,19 +230,24 @@ class DecodeGraphs:
         """Logits [len(seqs), vocab] (float32) of a decode step; updates the caches.
         input_ids (device, [len(seqs)]): the rows' input tokens, replacing the host's (an
         earlier step sampled them and the host has not read them yet)."""
+        return self.run_step(seqs, input_ids)[0]
+
+    def run_step(self, seqs, input_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """run's logits and their rows' argmax (int64 [len(seqs)]), both views of the graph's
+        outputs: valid until the next step is queued."""
         n = len(seqs)
         bs = self.prepare(seqs)
         if input_ids is not None:
             self.d_long[0, :n].copy_(input_ids)      # queued after the upload: overrides it
         entry = self.graphs.get(bs) if self.use_graphs else None
         if entry is not None:
-            graph, out = entry
+            graph, (logits, greedy) = entry
             graph.replay()
             self.num_replays += 1
         else:
-            out = self._forward(bs)
+            logits, greedy = self._forward(bs)
             self.num_eager += 1
-        return out[:n]
+        return logits[:n], greedy[:n]
 
     def can_run(self, seqs) -> bool:
         """Whether this decode batch (a list of sequences, or its size) runs here: at most the

@@ -246,6 +246,7 @@ class ModelRunner:
         sampled in its row rows[i], read on the device (the host does not know it yet)."""
         if not batch.seqs:
             return PendingStep([], None)
+        greedy = None
         if self.can_feed(batch):
             # decode: padded static inputs, graph replay (g906/engine/cuda_graphs.py)
             ids = None
@@ -259,7 +260,7 @@ class ModelRunner:
                     if ids.device.type == "cuda":    # no pageable copy: it would wait for the device
                         idx = idx.pin_memory()
                     ids = ids.index_select(0, idx.to(ids.device, non_blocking=True))
-            logits = self.graphs.run(batch.seqs, input_ids=ids)
+            logits, greedy = self.graphs.run_step(batch.seqs, input_ids=ids)
             sampling = list(range(len(batch.seqs)))
         else:
             if feed is not None:
@@ -281,7 +282,8 @@ class ModelRunner:
                 prompt_token_ids=s.prompt_token_ids if p.repetition_penalty != 1.0 else None,
                 output_token_ids=s.output_token_ids if p.has_penalties else None,
             ))
-        return PendingStep([batch.seqs[i].seq_id for i in sampling], self.sampler.launch(logits, rows))
+        return PendingStep([batch.seqs[i].seq_id for i in sampling],
+                           self.sampler.launch(logits, rows, argmax=greedy))
 
 
 class PendingStep:

@@ -130,10 +130,12 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SamplerRow]) -> tuple[list[int], list[TokenLogprobs | None]]:
         return self.launch(logits, rows).result()
 
-    def launch(self, logits: torch.Tensor, rows: list[SamplerRow]) -> "PendingSample":
+    def launch(self, logits: torch.Tensor, rows: list[SamplerRow],
+               argmax: torch.Tensor | None = None) -> "PendingSample":
         """Queue the sampling work on the device and start the copies of its results to the
         host; PendingSample.result() waits for them. Everything that reads `logits` is queued
-        here, so the caller may overwrite them (replay the next decode graph) right after."""
+        here, so the caller may overwrite them (replay the next decode graph) right after.
+        argmax: the rows' argmax of `logits` if already computed (the decode graphs do it)."""
         if logits.shape[0] != len(rows):
             raise ValueError(f"{logits.shape[0]} rows of logits for {len(rows)} requests")
         if not rows:
@@ -143,8 +145,10 @@ class Sampler:
         want_lp = [p.logprobs is not None for p in params]
         raw_lp = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
         x = self._penalize(logits, rows)
+        if (argmax is None or x is not logits) and any(p.greedy for p in params):
+            argmax = x.argmax(dim=-1)
         if all(p.greedy for p in params):
-            ids = x.argmax(dim=-1)
+            ids = argmax
         else:
             y = self._filter(x, params)
             probs = torch.softmax(y, dim=-1)
@@ -158,8 +162,11 @@ class Sampler:
                 if r.params.seed is not None and not r.params.greedy:
                     q[i].exponential_(generator=self._generator(r))
             sampled = (probs / q.clamp_min(1e-20)).argmax(dim=-1)
-            greedy = torch.tensor([p.greedy for p in params], device=x.device)
-            ids = torch.where(greedy, x.argmax(dim=-1), sampled)
+            if argmax is None:                             # no greedy row
+                ids = sampled
+            else:
+                greedy = torch.tensor([p.greedy for p in params], device=x.device)
+                ids = torch.where(greedy, argmax, sampled)
         lp = None
         if raw_lp is not None:
             kmax = max(p.logprobs or 0 for p in params)

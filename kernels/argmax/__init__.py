@@ -1,0 +1,1 @@
+"""Row-wise argmax of the logits (greedy sampling), inside the decode graphs."""
