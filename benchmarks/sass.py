@@ -3,7 +3,7 @@
     python benchmarks/sass.py --qtype Q4_K --rows 8 --warps 4          # packed dequant-GEMV
     python benchmarks/sass.py --qtype F16 --rows 8 --block-k 512       # dense fp16 GEMV
     python benchmarks/sass.py --qtype Q8_0 --rows 4 --prefetch --json  # machine-readable
-    python benchmarks/sass.py --qtype F16 --rows 4 --block-k 1024 --rms-in --add-norm
+    python benchmarks/sass.py --qtype F16 --rows 16 --block-k 256 --rms-in --partials 256
 
 Triton's own ptxas and nvdisasm (shipped in its wheel) turn the kernel into SASS, so this
 runs on any machine: it is how the instruction counts in docs/PERF.md were read (a kernel at
@@ -25,7 +25,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 # arguments the engine always passes 16-byte aligned / divisible by 16
-ALIGNED = {"sq", "sh", "sa", "sb", "KW", "kw_len", "K", "sw_n", "sx_t", "so_t"}
+ALIGNED = {"sq", "sh", "sa", "sb", "KW", "kw_len", "K", "sw_n", "sx_t", "so_t", "P_in"}
 PLANE_TYPES = {"Q8_0": ("*fp16", "*fp16"), "Q4_0": ("*fp16", "*fp16"), "Q4_K": ("*i32", "*i16"),
                "Q5_K": ("*i32", "*i16"), "Q6_K": ("*i8", "*fp16")}
 
@@ -34,9 +34,9 @@ def _kernel_and_signature(args):
     from g906.kernels.linear import kernel as K
 
     # the split RMSNorm's operands (kernels/linear/residual_norm.py)
-    norm_ptrs = {"r_ptr": "*fp16", "hn_ptr": "*fp16", "anw_ptr": "*fp16", "ss_out_ptr": "*i64",
-                 "ss_in_ptr": "*i64"}
-    norm = dict(ADD_NORM=2 if args.add_norm else 0, RMS_IN=args.rms_in)
+    norm_ptrs = {"r_ptr": "*fp16", "hn_ptr": "*fp16", "anw_ptr": "*fp16", "ss_out_ptr": "*fp32",
+                 "ss_in_ptr": "*fp32"}
+    norm = dict(ADD_NORM=2 if args.add_norm else 0, RMS_IN=args.rms_in, BLOCK_P=args.partials)
     if args.qtype == "F16":
         fn = K._gemv_kernel
         ptrs = {"x_ptr": "*fp16", "w_ptr": "*fp16", "out_ptr": "*fp16", "z_ptr": "*fp16",
@@ -106,6 +106,8 @@ def main() -> int:
                     help="F16: with the residual add and norm weight at the end (producer)")
     ap.add_argument("--rms-in", action="store_true",
                     help="F16: scaling by 1 / rms of its input's residual (consumer)")
+    ap.add_argument("--partials", type=int, default=1024,
+                    help="with --rms-in: the producer's programs (partial sums; a power of 2)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     os.environ.pop("TRITON_INTERPRET", None)

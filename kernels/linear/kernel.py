@@ -26,7 +26,7 @@ import triton.language as tl
 
 from .._triton_util import empty, is_rocm, next_pow2, num_sms
 from ..pdl import pdl_args, pdl_start
-from .residual_norm import add_norm_load, add_norm_store, rms_scale, rms_total
+from .residual_norm import add_norm_load, add_norm_store, rms_partials, rms_scale
 
 QTYPES = {"Q8_0": 0, "Q4_0": 1, "Q4_K": 2, "Q5_K": 3, "Q6_K": 4}
 # bytes of one 256-element step for each type
@@ -34,7 +34,11 @@ STEP_BYTES = {"Q8_0": 8 * 34, "Q4_0": 8 * 18, "Q4_K": 144, "Q5_K": 176, "Q6_K": 
 # shape [P, Q] of the two register tiles one step decodes into (P * Q = 128)
 PART_SHAPE = {"Q8_0": (4, 32), "Q4_0": (8, 16), "Q4_K": (4, 32), "Q5_K": (4, 32), "Q6_K": (8, 16)}
 # weight bytes to keep in flight over the whole device per K step (H200-measured: ~3-6 MB)
+INFLIGHT_BYTES = 3 << 20
 QINFLIGHT_BYTES = 8 << 20
+# dense decode GEMVs up to this many weights (0.8B's projections: <= 8.4M; 9B's: >= 16.8M)
+# take the short-row config (_gemv_config_cached)
+SMALL_GEMV_ELEMENTS = 12 << 20
 
 
 @triton.jit
@@ -242,14 +246,14 @@ def _gemv_input(x_ptr, xrow, ks, xm, K, z_ptr, nw_ptr, tt, sz_t, sz_h, eps,
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, T, sx_t, sw_n, so_t, z_ptr, nw_ptr, sz_t, sz_h, eps,
-                 r_ptr, sr, hn_ptr, anw_ptr, ss_out_ptr, ss_in_ptr, eps_in,
+                 r_ptr, sr, hn_ptr, anw_ptr, ss_out_ptr, ss_in_ptr, P_in, eps_in,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
                  USE_DOT: tl.constexpr, EVEN_K: tl.constexpr, PRO: tl.constexpr = 0,
                  G: tl.constexpr = 1, ADD_NORM: tl.constexpr = 0, RMS_IN: tl.constexpr = False,
-                 PDL: tl.constexpr = False):
+                 BLOCK_P: tl.constexpr = 1, PDL: tl.constexpr = False):
     """ADD_NORM (1; 2: zero-centred weight): out is h = y + r; hn = h * anw and the partial
-    sums of h * h are added to ss_out_ptr (residual_norm.py). RMS_IN: x is such an hn, each
-    token's sums are scaled by 1 / rms from its sum of squares at ss_in_ptr."""
+    sums of h * h go to hn_ptr, ss_out_ptr (residual_norm.py). RMS_IN: x is such an hn, each
+    token's sums are scaled by 1 / rms from its P_in (<= BLOCK_P) partial sums at ss_in_ptr."""
     pdl_start(PDL)
     pid = tl.program_id(0)
     nn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -263,7 +267,7 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, T, sx_t, sw_n, so_t, z_ptr, nw_ptr
     if ADD_NORM:
         r_an, w_an = add_norm_load(tt, nn, T, N, r_ptr, sr, anw_ptr, ADD_NORM == 2)
     if RMS_IN:
-        total = rms_total(ss_in_ptr, tt, T)
+        parts = rms_partials(ss_in_ptr, P_in, tt, T, BLOCK_T, BLOCK_P)
     if USE_DOT:
         acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
     else:
@@ -285,7 +289,7 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, T, sx_t, sw_n, so_t, z_ptr, nw_ptr
     if not USE_DOT:
         acc = tl.sum(acc3, axis=2)
     if RMS_IN:
-        acc = acc * rms_scale(total, K, eps_in)[:, None]
+        acc = acc * rms_scale(parts, K, eps_in)[:, None]
     if ADD_NORM:
         add_norm_store(acc, r_an, w_an, tt, nn, T, N, out_ptr, hn_ptr, so_t, ss_out_ptr)
     else:
@@ -303,14 +307,20 @@ def _gemv_config_cached(T, N, K, device, dtype):
     use_dot = (device.type == "cuda" and not is_rocm() and bt > 4 and dtype == torch.float16)
     if use_dot:  # H200: 91% of copy bandwidth at 12288x4096, T=8 (docs/PERF.md)
         return dict(BLOCK_T=max(16, bt), BLOCK_N=32, BLOCK_K=128, USE_DOT=True, num_warps=4)
-    if bt == 1:
-        # 4 rows x 1024 columns (2048 for N < 4096) per program step. H200, seventh session:
-        # best of 24 configs or within 3% on every 0.8B projection alone, 6-28% faster than
-        # the in-flight rule on the 9B's. It cost the 9B decode row while each consumer of the
-        # split RMSNorm read one partial sum per producer program (224 -> 218 tok/s, E15);
-        # the sums are one accumulator per token now (residual_norm.py)
+    if bt == 1 and N * K <= SMALL_GEMV_ELEMENTS:
+        # 0.8B-sized weights: 4 rows x 1024 columns (2048 for N < 4096) per program step. H200,
+        # seventh session: best of 24 configs or within 3% on every 0.8B projection alone, and
+        # the 0.8B decode row 1,150 -> 1,198 tok/s. The 9B projections were 6-28% faster alone
+        # with it too, but the 9B decode row went 224 -> 218: there every GEMV carries the split
+        # RMSNorm, whose partial sums grow with the programs on both sides (residual_norm.py)
         block_k = min(next_pow2(K), 1024 if N >= 4096 else 2048)
         block_n = 4
+    elif bt == 1:
+        # keep about INFLIGHT_BYTES of weights in flight: N * BLOCK_K * elem bytes per K step
+        esize = 2 if dtype == torch.float16 else 4
+        block_k = next_pow2(max(1, INFLIGHT_BYTES // (N * esize)))
+        block_k = max(min(256, next_pow2(K)), min(2048, block_k, next_pow2(K)))
+        block_n = max(1, min(16, 4096 // block_k))
     else:
         block_k = 128 if bt <= 2 else 64
         # broadcast path: BLOCK_T * BLOCK_N * BLOCK_K fp32 partial sums in registers
@@ -327,6 +337,7 @@ def dense_gemv(x, weight, *, prologue=None, add_norm=None, rms_of=None, **cfg):
     K = weight.shape[1]
     N = weight.shape[0]
     assert weight.stride(1) == 1 and x.stride(1) == 1
+    x, rms_of = _rms_in_registers(x, rms_of)
     out = empty((T, N), x.dtype, x.device)
     c = _gemv_config(T, N, K, x.device, x.dtype)
     c.update(cfg)
@@ -345,41 +356,47 @@ def dense_gemv(x, weight, *, prologue=None, add_norm=None, rms_of=None, **cfg):
                 c["BLOCK_N"] = max(1, min(c["BLOCK_N"], 4096 // (c["BLOCK_T"] * G)))
     else:
         assert x.shape[1] == K
-    hn, r, sr, anw, ss_out, zc = _add_norm_args(add_norm, out)
-    ss_in, eps_in = _rms_of_args(rms_of, x)
+    hn, r, sr, anw, ss_out, zc = _add_norm_args(add_norm, out, triton.cdiv(N, c["BLOCK_N"]))
+    ss_in, p_in, eps_in = _rms_of_args(rms_of, x)
     warps = c.pop("num_warps")
     if T > 0:
         _gemv_kernel[(triton.cdiv(N, c["BLOCK_N"]),)](
             x, weight, out, N, K, T, x.stride(0), weight.stride(0), out.stride(0), z, nw, sz_t,
-            sz_h, float(eps), r, sr, hn, anw, ss_out, ss_in, eps_in,
+            sz_h, float(eps), r, sr, hn, anw, ss_out, ss_in, p_in, eps_in,
             EVEN_K=K % c["BLOCK_K"] == 0, PRO=pro, G=G, ADD_NORM=zc, RMS_IN=rms_of is not None,
-            num_warps=warps, **c, **pdl_args(x.device))
+            BLOCK_P=next_pow2(p_in), num_warps=warps, **c, **pdl_args(x.device))
     return (out, hn, ss_out) if add_norm is not None else out
 
 
-def _add_norm_args(add_norm, out):
-    """(hn, residual, its row stride, norm weight, sums [T, 1], ADD_NORM) for a GEMV whose
-    out is h: the caller's zeroed accumulators (add_norm's 4th element) or new ones."""
+def _add_norm_args(add_norm, out, programs):
+    """(hn, residual, its row stride, norm weight, partial sums [T, programs], ADD_NORM) for a
+    GEMV of `programs` programs along N whose out is h."""
     if add_norm is None:
         return out, out, 0, out, out, 0
-    residual, nw, zero_centred, *sums = add_norm
+    residual, nw, zero_centred = add_norm
     assert residual.shape == out.shape and residual.stride(-1) == 1 and nw.numel() == out.shape[1]
-    ss = sums[0] if sums and sums[0] is not None else None
-    if ss is None:
-        ss = torch.zeros((out.shape[0], 1), dtype=torch.int64, device=out.device)
-    assert ss.dtype == torch.int64 and ss.shape == (out.shape[0], 1) and ss.is_contiguous()
+    ss = empty((out.shape[0], programs), torch.float32, out.device)
     return (empty(out.shape, out.dtype, out.device), residual, residual.stride(0), nw, ss,
             2 if zero_centred else 1)
 
 
+def _rms_in_registers(x, rms_of):
+    """rms_of, or None with x scaled first (reference.rms_in) where its partial sums are too
+    many to hold in registers through the GEMV's loop (rms_partials)."""
+    if rms_of is not None and next_pow2(x.shape[0]) * next_pow2(rms_of[0].shape[1]) > 4096:
+        from .reference import rms_in
+
+        return rms_in(x, rms_of), None
+    return x, rms_of
+
+
 def _rms_of_args(rms_of, x):
-    """(sums of squares [T, 1] int64 fixed point, eps) for a GEMV whose activations are hn
-    (residual_norm.py)."""
+    """(partial sums [T, P], P, eps) for a GEMV whose activations are hn (residual_norm.py)."""
     if rms_of is None:
-        return x, 0.0
+        return x, 1, 0.0
     ss, eps = rms_of
-    assert ss.dtype == torch.int64 and ss.shape == (x.shape[0], 1) and ss.is_contiguous()
-    return ss, float(eps)
+    assert ss.dim() == 2 and ss.shape[0] == x.shape[0] and ss.is_contiguous()
+    return ss, ss.shape[1], float(eps)
 
 
 # A fused op is recomputed by every program for its whole K range: programs x K x T elements,

@@ -12,10 +12,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-# the split RMSNorm's sums of squares: int64 with this many fractional bits (residual_norm.py)
-SS_FRAC_BITS = 24
-SS_SCALE = float(1 << SS_FRAC_BITS)
-
 # qtype -> (elements per block, bytes per block)
 BLOCKS = {
     "Q4_0": (32, 18), "Q4_1": (32, 20), "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34),
@@ -107,42 +103,30 @@ def dequantize(raw: torch.Tensor, qtype: str, shape) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32)).reshape(rows, cols).to(raw.device)
 
 
-def sums_of_squares(ss):
-    """fp32 [T, 1] from the split norm's accumulators ss [T, 1] (int64 fixed point,
-    SS_FRAC_BITS fractional bits)."""
-    return (ss.double() / SS_SCALE).float()
-
-
 def rms_in(x, rms_of):
     """rms_of = (ss, eps): x [T, K] (an hn, see add_norm_out) times 1 / rms of the rows whose
-    sums of squares ss holds, in x's dtype. RMSNorm(h) = rms_in(hn, (ss, eps)) for
-    (h, hn, ss) = add_norm_out(...): the norm split over two projections."""
+    sums of squares are ss [T, P] summed over P, in x's dtype. RMSNorm(h) = rms_in(hn, (ss,
+    eps)) for (h, hn, ss) = add_norm_out(...): the norm split over two projections."""
     if rms_of is None:
         return x
     ss, eps = rms_of
-    rstd = torch.rsqrt(sums_of_squares(ss) / x.shape[-1] + eps)
+    rstd = torch.rsqrt(ss.float().sum(-1, keepdim=True) / x.shape[-1] + eps)
     return (x.float() * rstd).to(x.dtype)
 
 
 def add_norm_out(y, add_norm):
-    """add_norm = (residual, norm_weight, zero_centred[, sums]): (h, hn, ss) with h = y +
-    residual (the new residual stream), hn = h * norm_weight (1 + it if zero_centred), each
-    rounded to y's dtype, and ss [T, 1] the sum of h * h per row as an int64 in fixed point,
-    added into `sums` when given (zeroed accumulators): an RMSNorm of h whose 1 / rms the
-    next projection applies (rms_in)."""
+    """add_norm = (residual, norm_weight, zero_centred): (h, hn, ss) with h = y + residual (the
+    new residual stream), hn = h * norm_weight (1 + it if zero_centred), each rounded to y's
+    dtype, and ss [T, P] fp32 partial sums of h * h over P column groups (P = 1 here; the
+    kernels' P is their programs along N): an RMSNorm of h whose 1 / rms the next projection
+    applies (rms_in)."""
     if add_norm is None:
         return y
-    residual, nw, zero_centred, *sums = add_norm
+    residual, nw, zero_centred = add_norm
     h = (y.float() + residual.float()).to(y.dtype)
     w = nw.float() + 1.0 if zero_centred else nw.float()
     hf = h.float()
-    fixed = torch.round(hf.pow(2).sum(-1, keepdim=True).double() * SS_SCALE).to(torch.int64)
-    ss = sums[0] if sums and sums[0] is not None else None
-    if ss is None:
-        ss = fixed
-    else:
-        ss += fixed
-    return h, (hf * w).to(y.dtype), ss
+    return h, (hf * w).to(y.dtype), hf.pow(2).sum(-1, keepdim=True)
 
 
 def linear(x, weight, *, add_norm=None, rms_of=None):

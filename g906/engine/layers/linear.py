@@ -65,8 +65,7 @@ class Linear(WeightHolder):
         """matmul() is the product; matmul(add_norm=...) is (h, hn, ss) (ops.linear)."""
         if then is not None and type(self).finish is Linear.finish and ops.linear_fuses_norm(x, self.weight):
             norm = then.norm
-            add_norm = (then.residual, norm.weight, norm.zero_centred, then.sums)
-            return NormedInput(*matmul(add_norm=add_norm), norm)
+            return NormedInput(*matmul(add_norm=(then.residual, norm.weight, norm.zero_centred)), norm)
         return self.finish(matmul())
 
     def finish(self, y: torch.Tensor) -> torch.Tensor:

@@ -38,7 +38,7 @@ class RMSNorm(WeightHolder):
 
 class NormedInput(NamedTuple):
     """RMSNorm(h) with its 1 / rms not yet applied. The output projection that made h (the
-    residual stream) also made hn = h * norm weight and the sums of h * h, ss (ops.linear's
+    residual stream) also made hn = h * norm weight and partial sums of h * h, ss (ops.linear's
     add_norm); the projection that reads it applies 1 / rms(h) in its own GEMV (rms_of): no
     RMSNorm kernel between them (kernels/linear/residual_norm.py)."""
     h: torch.Tensor
@@ -52,12 +52,9 @@ class NormedInput(NamedTuple):
 
 class AddNorm(NamedTuple):
     """What follows an output projection: the residual add and the next RMSNorm. Given to the
-    projection, it returns a NormedInput where its GEMV can do both (Linear.forward). sums:
-    zeroed accumulators [T, 1] (int64) for the sums of squares, or None (the GEMV zeroes its
-    own: one more kernel)."""
+    projection, it returns a NormedInput where its GEMV can do both (Linear.forward)."""
     residual: torch.Tensor
     norm: RMSNorm
-    sums: torch.Tensor | None = None
 
 
 class GatedRMSNorm(WeightHolder):

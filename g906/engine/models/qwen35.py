@@ -57,22 +57,18 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
 
-    def forward(self, x, residual, positions, rotary, ctx: ForwardContext, next_norm: RMSNorm | None = None,
-                sums: tuple | None = None):
+    def forward(self, x, residual, positions, rotary, ctx: ForwardContext, next_norm: RMSNorm | None = None):
         """(output, residual). x: the previous layer's output. Where the GEMVs can (decode), each
         output projection also does the residual add and the next RMSNorm (the next layer's
-        input norm: next_norm) and returns a NormedInput (layers/norms.py). sums: zeroed
-        accumulators for those two norms' sums of squares (or None)."""
-        post_sums, next_sums = sums or (None, None)
+        input norm: next_norm) and returns a NormedInput (layers/norms.py)."""
         h, residual = self.input_layernorm.input_of(x, residual)
-        post = AddNorm(residual, self.post_attention_layernorm, post_sums)
+        post = AddNorm(residual, self.post_attention_layernorm)
         if self.layer_type == "linear_attention":
             y = self.linear_attn(h, ctx, post)
         else:
             y = self.self_attn(h, positions, rotary, ctx, post)
         h, residual = self.post_attention_layernorm.input_of(y, residual)
-        then = AddNorm(residual, next_norm, next_sums) if next_norm is not None else None
-        return self.mlp(h, then), residual
+        return self.mlp(h, AddNorm(residual, next_norm) if next_norm is not None else None), residual
 
 
 class Qwen35TextModel(nn.Module):
@@ -92,13 +88,9 @@ class Qwen35TextModel(nn.Module):
             x, rotary = multimodal_step(x, ctx, self.config, rotary)
         residual = None
         layers = self.layers
-        # decode-sized steps: the accumulators of every split RMSNorm's sums of squares, zeroed
-        # by one fill (kernels/linear/residual_norm.py)
-        sums = x.new_zeros((len(layers), 2, x.shape[0], 1), dtype=torch.int64) if 0 < x.shape[0] <= 16 else None
         for i, layer in enumerate(layers):
             nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else None
-            x, residual = layer(x, residual, positions, rotary, ctx, nxt,
-                                None if sums is None else (sums[i, 0], sums[i, 1]))
+            x, residual = layer(x, residual, positions, rotary, ctx, nxt)
         x, _ = self.norm(x, residual)
         return x
 
