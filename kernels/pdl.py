@@ -2,10 +2,14 @@
 the stream finishes, so the launch latency and the block scheduling of the ~250-400 small
 kernels of a decode step overlap their predecessors' tails instead of adding to them.
 
-A kernel taking `PDL: tl.constexpr` calls `pdl_start(PDL)` before its first global memory access:
-it waits there for the previous kernel to complete (its writes visible: `griddepcontrol.wait`),
-then lets the next kernel be scheduled (`launch_dependents`). Nothing is read or written before
-the wait, so the order of effects is the stream order. `pdl_args(device)` gives the launch
+A kernel taking `PDL: tl.constexpr` calls `pdl_start(PDL)` before it touches what the kernel
+before it may write: it waits there for the previous kernel to complete (its writes visible:
+`griddepcontrol.wait`), then lets the next kernel be scheduled (`launch_dependents`). When a
+kernel runs, every kernel before the previous one has completed (each passed its own wait
+before letting its successor start), so before the wait a kernel may read only what the
+previous kernel does not write: constants (a GEMV's weights), the step's inputs uploaded
+before the graph, a linear-attention layer's own state. It writes nothing before the wait, so
+the order of effects is the stream order. `pdl_args(device)` gives the launch
 keywords inside `graph_launches()` (the decode graphs' warm-up and capture); elsewhere, and on
 other devices (ROCm, the CPU interpreter, pre-Hopper), none, and the kernels compile without
 the wait. G906_PDL=0 turns it off.

@@ -101,14 +101,23 @@ def causal_conv1d_prefill(x, weight, cu_seqlens, conv_states, state_slots, has_i
 
 
 @triton.jit
-def conv_step(x, wp, rp, cmask, t, write, K: tl.constexpr):
-    """silu(causal conv) of one new token, sequence index t, for a vector of channels: x their
-    inputs (loaded), wp / rp pointers to their weight rows [K] and rings [K]. Writes x into
-    ring column t % K where `write` (the ring's other columns are the ones read). fp32 out."""
-    acc = x.to(tl.float32) * tl.load(wp + (K - 1), mask=cmask, other=0.0).to(tl.float32)
+def conv_taps(wp, rp, cmask, t, K: tl.constexpr):
+    """The conv step of one new token (sequence index t) for a vector of channels, without
+    the token itself: (sum of the K-1 earlier inputs times their weights, the weight of the
+    new input), fp32. wp / rp point at the channels' weight rows [K] and rings [K]. Reads no
+    input of this step, so a kernel may call it before its PDL wait."""
+    acc = tl.zeros(cmask.shape, tl.float32)
     for i in tl.static_range(K - 1):                   # oldest tap first: token t - (K-1) + i
         s = tl.load(rp + (t + 1 + i) % K, mask=cmask & (t - (K - 1) + i >= 0), other=0.0)
         acc += s.to(tl.float32) * tl.load(wp + i, mask=cmask, other=0.0).to(tl.float32)
+    return acc, tl.load(wp + (K - 1), mask=cmask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def conv_finish(x, taps, w_new, rp, cmask, t, write, K: tl.constexpr):
+    """silu(conv) from conv_taps' two values and the new inputs x (loaded); writes x into
+    ring column t % K where `write` (the ring's other columns are the ones read)."""
+    acc = taps + x.to(tl.float32) * w_new
     tl.store(rp + t % K, x.to(rp.dtype.element_ty), mask=cmask & write)
     return acc / (1.0 + tl.exp(-acc))
 
@@ -124,8 +133,10 @@ def _conv_decode_kernel(x_ptr, w_ptr, st_ptr, slot_ptr, len_ptr, out_ptr, C, sx_
     cmask = cc < C
     slot = tl.load(slot_ptr + b).to(tl.int64)
     t = tl.load(len_ptr + b) - 1
+    rp = st_ptr + slot * ss_s + cc * ss_c
+    taps, w_new = conv_taps(w_ptr + cc * sw_c, rp, cmask, t, K)
     x = tl.load(x_ptr + b.to(tl.int64) * sx_b + cc, mask=cmask, other=0.0)
-    y = conv_step(x, w_ptr + cc * sw_c, st_ptr + slot * ss_s + cc * ss_c, cmask, t, True, K)
+    y = conv_finish(x, taps, w_new, rp, cmask, t, True, K)
     tl.store(out_ptr + b.to(tl.int64) * so_b + cc, y.to(out_ptr.dtype.element_ty), mask=cmask)
 
 

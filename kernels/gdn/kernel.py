@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from .._triton_util import empty, is_rocm, next_pow2, num_sms, step_memo
-from ..conv1d.kernel import conv_step
+from ..conv1d.kernel import conv_finish, conv_taps
 from ..pdl import pdl_args, pdl_start
 
 
@@ -50,11 +50,10 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, st_
                        CONV: tl.constexpr = False, CONV_K: tl.constexpr = 4,
                        PDL: tl.constexpr = False):
     """CONV: q, k, v are the raw projection (channels [q | k | v] of the conv1d) and the
-    program first applies the conv step to its channels (conv1d/kernel.py: conv_step). The
-    q/k channels of a key head are shared by the programs of its value heads: all compute
-    their conv from the ring, one of them writes the new input (the ring column it writes is
-    one nobody reads in this step)."""
-    pdl_start(PDL)
+    program first applies the conv step to its channels (conv1d/kernel.py: conv_taps,
+    conv_finish). The q/k channels of a key head are shared by the programs of its value
+    heads: all compute their conv from the ring, one of them writes the new input (the ring
+    column it writes is one nobody reads in this step)."""
     bi = tl.program_id(0)
     h = tl.program_id(1)
     vb = tl.program_id(2)
@@ -64,34 +63,41 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, st_
     kmask = kk < DK
     vv = vb * BLOCK_V + tl.arange(0, BLOCK_V)
     vmask = vv < DV
-    # every load first, the state (behind its slot) leading: in the compiled code each load
-    # placed after a reduction waited for it, one memory round trip after another
+    # before the PDL wait, what the kernel before (the input projection) does not write: the
+    # slot and length (uploaded before the step), the state, the parameters and the conv
+    # taps. The state leads: in the compiled code each load placed after a reduction waited
+    # for it, one memory round trip after another
     slot = tl.load(slot_ptr + bi).to(tl.int64)
     sp = st_ptr + slot * ss_s + h * ss_h + kk[:, None] * ss_k + vv[None, :]
     m2 = kmask[:, None] & vmask[None, :]
     S = tl.load(sp, mask=m2, other=0.0)
+    A = tl.load(alog_ptr + h).to(tl.float32)
+    dtb = tl.load(dtb_ptr + h).to(tl.float32)
+    if CONV:
+        t = tl.load(len_ptr + bi) - 1
+        qc = kh * DK + kk                             # conv channels of this program's q, k, v
+        kc = KEY_DIM + qc
+        vc = 2 * KEY_DIM + h * DV + vv
+        ring = cst_ptr + slot * scs_s
+        tq, wq = conv_taps(cw_ptr + qc * scw_c, ring + qc * scs_c, kmask, t, CONV_K)
+        tk, wk = conv_taps(cw_ptr + kc * scw_c, ring + kc * scs_c, kmask, t, CONV_K)
+        tv, wv = conv_taps(cw_ptr + vc * scw_c, ring + vc * scs_c, vmask, t, CONV_K)
+    pdl_start(PDL)
     q = tl.load(q_ptr + b64 * sq_b + kh * sq_h + kk, mask=kmask, other=0.0)
     k = tl.load(k_ptr + b64 * sk_b + kh * sk_h + kk, mask=kmask, other=0.0)
     v = tl.load(v_ptr + b64 * sv_b + h * sv_h + vv, mask=vmask, other=0.0)
     a = tl.load(a_ptr + b64 * sa_b + h).to(tl.float32)
     bb = tl.load(b_ptr + b64 * sb_b + h).to(tl.float32)
-    A = tl.load(alog_ptr + h).to(tl.float32)
-    dtb = tl.load(dtb_ptr + h).to(tl.float32)
     if CONV:
-        t = tl.load(len_ptr + bi) - 1
         dt = q.dtype                                  # rounded as the separate conv op stores it
-        qc = kh * DK + kk                             # conv channels of this program's q, k, v
-        kc = KEY_DIM + qc
-        vc = 2 * KEY_DIM + h * DV + vv
-        ring = cst_ptr + slot * scs_s
         writer = vb == 0
         if GROUPED:
             writer = writer & (h % (Hv // Hk) == 0)
         else:
             writer = writer & (h < Hk)
-        q = conv_step(q, cw_ptr + qc * scw_c, ring + qc * scs_c, kmask, t, writer, CONV_K).to(dt)
-        k = conv_step(k, cw_ptr + kc * scw_c, ring + kc * scs_c, kmask, t, writer, CONV_K).to(dt)
-        v = conv_step(v, cw_ptr + vc * scw_c, ring + vc * scs_c, vmask, t, True, CONV_K).to(dt)
+        q = conv_finish(q, tq, wq, ring + qc * scs_c, kmask, t, writer, CONV_K).to(dt)
+        k = conv_finish(k, tk, wk, ring + kc * scs_c, kmask, t, writer, CONV_K).to(dt)
+        v = conv_finish(v, tv, wv, ring + vc * scs_c, vmask, t, True, CONV_K).to(dt)
     q = q.to(tl.float32)
     k = k.to(tl.float32)
     v = v.to(tl.float32)

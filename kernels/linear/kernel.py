@@ -245,6 +245,33 @@ def _gemv_input(x_ptr, xrow, ks, xm, K, z_ptr, nw_ptr, tt, sz_t, sz_h, eps,
 
 
 @triton.jit
+def _gemv_weights(wrow, ks, K, EVEN_K: tl.constexpr):
+    if EVEN_K:
+        w = tl.load(wrow + ks[None, :])
+    else:
+        w = tl.load(wrow + ks[None, :], mask=(ks < K)[None, :], other=0.0)
+    return w
+
+
+@triton.jit
+def _gemv_step(acc, w, x_ptr, xrow, ks, tmask, K, z_ptr, nw_ptr, tt, sz_t, sz_h, eps,
+               PRO: tl.constexpr, G: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr,
+               USE_DOT: tl.constexpr, EVEN_K: tl.constexpr):
+    """acc plus the products of one K block: weights w [BLOCK_N, BLOCK_K] at columns ks."""
+    if EVEN_K:
+        xm = tmask[:, None]
+    else:
+        xm = tmask[:, None] & (ks < K)[None, :]
+    x = _gemv_input(x_ptr, xrow, ks, xm, K, z_ptr, nw_ptr, tt, sz_t, sz_h, eps,
+                    PRO, G, BLOCK_T, BLOCK_K)
+    if USE_DOT:
+        acc += tl.dot(x, tl.trans(w.to(x.dtype)))
+    else:
+        acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+    return acc
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, T, sx_t, sw_n, so_t, z_ptr, nw_ptr, sz_t, sz_h, eps,
                  r_ptr, sr, hn_ptr, anw_ptr, ss_out_ptr, ss_in_ptr, P_in, eps_in,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_T: tl.constexpr,
@@ -253,16 +280,20 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, T, sx_t, sw_n, so_t, z_ptr, nw_ptr
                  BLOCK_P: tl.constexpr = 1, PDL: tl.constexpr = False):
     """ADD_NORM (1; 2: zero-centred weight): out is h = y + r; hn = h * anw and the partial
     sums of h * h go to hn_ptr, ss_out_ptr (residual_norm.py). RMS_IN: x is such an hn, each
-    token's sums are scaled by 1 / rms from its P_in (<= BLOCK_P) partial sums at ss_in_ptr."""
-    pdl_start(PDL)
+    token's sums are scaled by 1 / rms from its P_in (<= BLOCK_P) partial sums at ss_in_ptr.
+    The first K block of weights is loaded before the PDL wait: weights are constants, so
+    while the kernel before finishes, the weight stream already runs (no restart of it at
+    every kernel boundary of a decode step)."""
     pid = tl.program_id(0)
     nn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = nn < N
     nc = tl.where(nmask, nn, 0).to(tl.int64)
-    tt = tl.arange(0, BLOCK_T)
-    tmask = tt < T
     kk = tl.arange(0, BLOCK_K)
     wrow = w_ptr + nc[:, None] * sw_n
+    w0 = _gemv_weights(wrow, kk, K, EVEN_K)
+    pdl_start(PDL)
+    tt = tl.arange(0, BLOCK_T)
+    tmask = tt < T
     xrow = x_ptr + tt[:, None] * sx_t
     if ADD_NORM:
         r_an, w_an = add_norm_load(tt, nn, T, N, r_ptr, sr, anw_ptr, ADD_NORM == 2)
@@ -271,23 +302,16 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, N, K, T, sx_t, sw_n, so_t, z_ptr, nw_ptr
     if USE_DOT:
         acc = tl.zeros([BLOCK_T, BLOCK_N], tl.float32)
     else:
-        acc3 = tl.zeros([BLOCK_T, BLOCK_N, BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+        acc = tl.zeros([BLOCK_T, BLOCK_N, BLOCK_K], tl.float32)
+    acc = _gemv_step(acc, w0, x_ptr, xrow, kk, tmask, K, z_ptr, nw_ptr, tt, sz_t, sz_h, eps,
+                     PRO, G, BLOCK_T, BLOCK_K, USE_DOT, EVEN_K)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         ks = k0 + kk
-        if EVEN_K:
-            w = tl.load(wrow + ks[None, :])
-            xm = tmask[:, None]
-        else:
-            w = tl.load(wrow + ks[None, :], mask=(ks < K)[None, :], other=0.0)
-            xm = tmask[:, None] & (ks < K)[None, :]
-        x = _gemv_input(x_ptr, xrow, ks, xm, K, z_ptr, nw_ptr, tt, sz_t, sz_h, eps,
-                        PRO, G, BLOCK_T, BLOCK_K)
-        if USE_DOT:
-            acc += tl.dot(x, tl.trans(w.to(x.dtype)))
-        else:
-            acc3 += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+        acc = _gemv_step(acc, _gemv_weights(wrow, ks, K, EVEN_K), x_ptr, xrow, ks, tmask, K,
+                         z_ptr, nw_ptr, tt, sz_t, sz_h, eps, PRO, G, BLOCK_T, BLOCK_K, USE_DOT,
+                         EVEN_K)
     if not USE_DOT:
-        acc = tl.sum(acc3, axis=2)
+        acc = tl.sum(acc, axis=2)
     if RMS_IN:
         acc = acc * rms_scale(parts, K, eps_in)[:, None]
     if ADD_NORM:
@@ -745,8 +769,9 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
     decoded (EVEN only; ptxas places those loads late in the body, so it pays only in some
     configs: _pq_cuda_decode). PAIRS: 4-bit fields two per shift (1), and for Q4_K with the
     scales folded (2); 0: one at a time.
-    SILU: x rows hold [gate | up] (K apart), the GEMV runs on silu(gate) * up (_pq_x)."""
-    pdl_start(PDL)
+    SILU: x rows hold [gate | up] (K apart), the GEMV runs on silu(gate) * up (_pq_x).
+    Under PREFETCH the first iteration's weight planes are loaded before the PDL wait (they
+    are constants: their stream starts while the kernel before finishes)."""
     KX = KW * E
     EV: tl.constexpr = 4 * E
     pid_n = tl.program_id(0)
@@ -772,6 +797,7 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
         wn = tl.load(qs_ptr + n3 * sq + (kwbeg + v3 * 4 + w3))
         hn = _pq_hi(qh_ptr, n3, sh, kwbeg, v3, w3, wn, QT)
         an, bn, an1 = _pq_scale_raw(a_ptr, b_ptr, n2, sa, sb, kwbeg * E, v2, QT)
+    pdl_start(PDL)
     for kw in range(kwbeg, kwend, H * 4):      # vector 0 of every iteration is in the row
         k0 = kw * E
         if PREFETCH:
