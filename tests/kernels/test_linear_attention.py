@@ -122,6 +122,17 @@ def _conv_gdn_inputs(B, Hk, Hv, Dk, Dv, K, S, dtype, gen):
     return qkv, w, rings, a, b, A_log, dt_bias, st
 
 
+def _conv_gdn_both(qkv, w, rings, lens, a, b, A_log, dt_bias, st, slots, Hk, Dk, order):
+    """(Triton output, reference output, their rings, their states), each on its own copies."""
+    r_t, r_r, s_t, s_r = rings.clone(), rings.clone(), st.clone(), st.clone()
+    kw = dict(num_k_heads=Hk, head_k_dim=Dk, v_head_order=order)
+    o_t = registry.call_triton("conv_gated_delta_rule_decode", qkv, w, r_t, lens, a, b, A_log,
+                               dt_bias, s_t, slots, **kw)
+    o_r = registry.call_reference("conv_gated_delta_rule_decode", qkv, w, r_r, lens, a, b, A_log,
+                                  dt_bias, s_r, slots, **kw)
+    return o_t, o_r, r_t, r_r, s_t, s_r
+
+
 @pytest.mark.parametrize("order", ["grouped", "tiled"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_conv_gdn_decode(order, dtype):
@@ -134,12 +145,8 @@ def test_conv_gdn_decode(order, dtype):
     slots, lens = _i32([2, 0, 4]), _i32([7, 2, 1])
     rings[4, :, 1:] = float("nan")              # ring columns of tokens < 0: never read
     rings[0, :, 2:] = float("nan")
-    r_t, r_r, s_t, s_r = rings.clone(), rings.clone(), st0.clone(), st0.clone()
-    kw = dict(num_k_heads=Hk, head_k_dim=Dk, v_head_order=order)
-    o_t = registry.call_triton("conv_gated_delta_rule_decode", qkv, w, r_t, lens, a, b, A_log,
-                               dt_bias, s_t, slots, **kw)
-    o_r = registry.call_reference("conv_gated_delta_rule_decode", qkv, w, r_r, lens, a, b, A_log,
-                                  dt_bias, s_r, slots, **kw)
+    o_t, o_r, r_t, r_r, s_t, s_r = _conv_gdn_both(qkv, w, rings, lens, a, b, A_log, dt_bias,
+                                                  st0, slots, Hk, Dk, order)
     assert_close(o_t, o_r)
     assert torch.equal(r_t.nan_to_num(7.0), r_r.nan_to_num(7.0))
     assert torch.isnan(s_t[1]).all()
@@ -301,12 +308,8 @@ def test_gdn_real_shapes(order):
     qkv, w, rings, a, b, A_log, dt_bias, sd = _conv_gdn_inputs(B, Hk, Hv, Dk, Dv, 4, B,
                                                                torch.float16, g)
     lens = torch.randint(1, 5000, (B,), generator=g).to(torch.int32).to(DEVICE)
-    r1, r2, s1, s2 = rings.clone(), rings.clone(), sd.clone(), sd.clone()
-    kw = dict(num_k_heads=Hk, head_k_dim=Dk, v_head_order=order)
-    o_t = registry.call_triton("conv_gated_delta_rule_decode", qkv, w, r1, lens, a, b, A_log,
-                               dt_bias, s1, sl, **kw)
-    o_r = registry.call_reference("conv_gated_delta_rule_decode", qkv, w, r2, lens, a, b, A_log,
-                                  dt_bias, s2, sl, **kw)
+    o_t, o_r, r1, r2, s1, s2 = _conv_gdn_both(qkv, w, rings, lens, a, b, A_log, dt_bias, sd, sl,
+                                              Hk, Dk, order)
     assert_close(o_t, o_r)
     assert torch.equal(r1, r2)
     assert_close(s1, s2, tol=1e-5)
