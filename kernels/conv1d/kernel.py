@@ -18,9 +18,9 @@ from ..pdl import pdl_args, pdl_start
 
 
 @triton.jit(do_not_specialize=["T"])
-def _conv_prefill_kernel(x_ptr, w_ptr, cu_ptr, sid_ptr, st_ptr, slot_ptr, init_ptr, ctx_ptr, out_ptr,
-                         T, C, sx_t, so_t, sw_c, ss_s, ss_c, K: tl.constexpr, BLOCK_T: tl.constexpr,
-                         BLOCK_C: tl.constexpr):
+def _conv_prefill_kernel(x_ptr, w_ptr, cu_ptr, sid_ptr, st_ptr, slot_ptr, init_ptr, ctx_ptr,
+                         out_ptr, T, C, sx_t, so_t, sw_c, ss_s, ss_c, K: tl.constexpr,
+                         BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr):
     tt = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     cc = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     tmask = tt < T
@@ -29,7 +29,7 @@ def _conv_prefill_kernel(x_ptr, w_ptr, cu_ptr, sid_ptr, st_ptr, slot_ptr, init_p
     start = tl.load(cu_ptr + sid, mask=tmask, other=0)
     slot = tl.load(slot_ptr + sid, mask=tmask, other=0).to(tl.int64)
     init = tl.load(init_ptr + sid, mask=tmask, other=0) != 0
-    first = tl.load(ctx_ptr + sid, mask=tmask, other=0)     # sequence index of the chunk's first token
+    first = tl.load(ctx_ptr + sid, mask=tmask, other=0)     # the chunk's first token's index
     p = tt - start                                           # position inside the chunk
     acc = tl.zeros([BLOCK_T, BLOCK_C], tl.float32)
     m2 = tmask[:, None] & cmask[None, :]
@@ -64,7 +64,8 @@ def _conv_state_kernel(x_ptr, cu_ptr, st_ptr, slot_ptr, ctx_ptr, C, sx_t, ss_s, 
     src = L - (K - 1) + i                                    # chunk index of the i-th last input
     m = (i < (K - 1)) & (src >= 0)
     m2 = cmask[None, :] & m[:, None]
-    xv = tl.load(x_ptr + (start + src).to(tl.int64)[:, None] * sx_t + cc[None, :], mask=m2, other=0.0)
+    xv = tl.load(x_ptr + (start + src).to(tl.int64)[:, None] * sx_t + cc[None, :], mask=m2,
+                 other=0.0)
     col = (first + tl.where(m, src, 0)) % K
     tl.store(st_ptr + slot * ss_s + cc[None, :] * ss_c + col[:, None],
              xv.to(st_ptr.dtype.element_ty), mask=m2)
@@ -89,14 +90,14 @@ def causal_conv1d_prefill(x, weight, cu_seqlens, conv_states, state_slots, has_i
         BLOCK_T, BLOCK_C = 16, 128
         _conv_prefill_kernel[(triton.cdiv(T, BLOCK_T), triton.cdiv(C, BLOCK_C))](
             x, weight, cu_seqlens, sid, conv_states, state_slots, init, context_lens, out, T, C,
-            x.stride(0),
-            out.stride(0), weight.stride(0), conv_states.stride(0), conv_states.stride(1),
-            K=K, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C, num_warps=4)
+            x.stride(0), out.stride(0), weight.stride(0), conv_states.stride(0),
+            conv_states.stride(1), K=K, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C, num_warps=4)
     if B > 0:
         BLOCK_C = 256
         _conv_state_kernel[(B, triton.cdiv(C, BLOCK_C))](
-            x, cu_seqlens, conv_states, state_slots, context_lens, C, x.stride(0), conv_states.stride(0),
-            conv_states.stride(1), K=K, BLOCK_K=next_pow2(K - 1), BLOCK_C=BLOCK_C, num_warps=4)
+            x, cu_seqlens, conv_states, state_slots, context_lens, C, x.stride(0),
+            conv_states.stride(0), conv_states.stride(1), K=K, BLOCK_K=next_pow2(K - 1),
+            BLOCK_C=BLOCK_C, num_warps=4)
     return out
 
 

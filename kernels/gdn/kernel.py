@@ -114,10 +114,6 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, st_
     tl.store(o_ptr + b64 * so_b + h * so_h + vv, o.to(o_ptr.dtype.element_ty), mask=vmask)
 
 
-def _decode_block_v(B, Hv, DV, block_v):
-    return block_v or min(next_pow2(DV), 32 if B * Hv >= 256 else 16)
-
-
 def gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, *,
                             v_head_order="grouped", block_v=None, num_warps=4, _conv=None):
     """_conv = (conv_weight, conv_states, seq_lens, key_dim): q, k, v are the raw projection's
@@ -132,7 +128,7 @@ def gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slo
         assert t.stride(-1) == 1
     assert a.stride(-1) == 1 and b.stride(-1) == 1
     BLOCK_K = next_pow2(DK)
-    BLOCK_V = _decode_block_v(B, Hv, DV, block_v)
+    BLOCK_V = block_v or min(next_pow2(DV), 32 if B * Hv >= 256 else 16)
     if _conv is None:
         conv_args, conv_kw = (ssm_states, ssm_states, state_slots, 0, 0, 0, 0), {}
     else:

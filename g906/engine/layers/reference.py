@@ -6,7 +6,8 @@ the model on both and compare (a second opinion on the kernels' own references).
 
 Conventions: a step is a flat batch of T tokens from B sequences (see ForwardContext).
 Paged KV caches are [num_blocks, block_size, num_kv_heads, head_dim]; linear-attention state
-slots are conv_states [S, conv_dim, K] (model dtype; a ring: token t's input in column t % K) and ssm_states [S, Hv, Dk, Dv] (fp32).
+slots are conv_states [S, conv_dim, K] (model dtype; a ring: token t's input in column t % K)
+and ssm_states [S, Hv, Dk, Dv] (fp32).
 """
 
 from __future__ import annotations
