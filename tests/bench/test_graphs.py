@@ -61,8 +61,9 @@ def _compare_steps(eng, graphs, cache, sb, ss, steps, exact=False):
         want = model.compute_logits(model.forward(ids, pos, ctx))
         after = _snapshot(cache)
         _restore(cache, snap)
-        got = graphs.run(batch.seqs)
+        got, greedy = graphs.run_step(batch.seqs)
         assert got.shape == want.shape
+        assert torch.equal(greedy, got.argmax(-1))       # the graphs' own argmax of their logits
         if exact:
             assert torch.equal(got, want)
         else:

@@ -22,6 +22,26 @@ def test_greedy_is_argmax_and_independent_of_batch():
     assert one == [ids[2]]
 
 
+def test_precomputed_argmax_serves_greedy_rows_only_without_penalties():
+    """The decode graphs pass their in-graph argmax: greedy rows take it as is (a marker value
+    here shows it is used, not recomputed); with a penalty the logits change and it is ignored."""
+    logits = torch.tensor([[2.0, 1.9, -1.0, 0.5], [0.0, 0.1, 3.0, 0.2]])
+    s = Sampler(seed=0)
+    marker = torch.tensor([3, 1])
+    ids, _ = s.launch(logits, rows(*[SamplingParams(temperature=0)] * 2), argmax=marker).result()
+    assert ids == [3, 1]
+    mixed = [SamplerRow(0, SamplingParams(temperature=0)), SamplerRow(1, SamplingParams(temperature=1.0, seed=3))]
+    ids, _ = s.launch(logits, mixed, argmax=marker).result()
+    assert ids[0] == 3
+    pen = rows(SamplingParams(temperature=0, presence_penalty=1.0), SamplingParams(temperature=0),
+               output_token_ids=[0])
+    ids, _ = s.launch(logits, pen, argmax=marker).result()
+    assert ids == [1, 2]                          # recomputed from the penalised logits
+    sampled = rows(SamplingParams(temperature=1.0, seed=1), SamplingParams(temperature=1.0, seed=2))
+    with_marker = Sampler(seed=0).launch(logits, sampled, argmax=marker).result()[0]
+    assert Sampler(seed=0).launch(logits, sampled).result()[0] == with_marker   # unused there
+
+
 def test_seeded_sampling_reproducible_whatever_the_batch():
     torch.manual_seed(1)
     logits = torch.randn(3, 100)
