@@ -343,6 +343,12 @@ def _gdn_decode_inputs(B, m):
     return q, k, v, a, b, A_log, dt, st, slots
 
 
+def _ring_bytes(B, C):
+    """fp16 bytes of one conv1d decode step's state: K-1 = 3 ring columns read, 1 written,
+    and the [C, 4] weights."""
+    return B * C * 4 * 2 + C * 8
+
+
 def bench_gdn(quick):
     models = ["9B"] if quick else ["0.8B", "9B", "27B"]
     for model in models:
@@ -376,7 +382,7 @@ def bench_gdn(quick):
             w = torch.randn(C, 4, dtype=torch.float16, device="cuda")
             rings = torch.randn(st.shape[0], C, 4, dtype=torch.float16, device="cuda")
             lens = torch.randint(1, 4096, (B,), dtype=torch.int32, device="cuda")
-            conv_bytes = B * C * 2 * 2 + B * C * 4 * 2 + C * 8     # x, ring read + write, w
+            conv_bytes = _ring_bytes(B, C)        # q/k/v are in nbytes already
             args = (qkv, w, rings, lens, a, b, A_log, dt, st, slots)
             kw = dict(num_k_heads=m["lk"], head_k_dim=128)
             ms = bench_graph(lambda: registry.call_triton("conv_gated_delta_rule_decode", *args, **kw))
@@ -390,7 +396,7 @@ def bench_gdn(quick):
             cst = torch.randn(64, C, 4, dtype=torch.float16, device="cuda")
             slots = torch.arange(B, dtype=torch.int32, device="cuda")
             lens = torch.randint(1, 4096, (B,), dtype=torch.int32, device="cuda")
-            nbytes = B * C * 2 * 2 + 2 * B * C * 3 * 2 + C * 8
+            nbytes = B * C * 2 * 2 + _ring_bytes(B, C)           # x in, y out
             ms = bench_graph(lambda: registry.call_triton("causal_conv1d_decode", x, w, cst, slots, lens))
             ms_ref = bench_graph(lambda: registry.call_reference("causal_conv1d_decode", x, w, cst, slots, lens))
             record("conv", f"{model} conv1d-decode B={B} C={C}", nbytes, ms, ms_ref)
