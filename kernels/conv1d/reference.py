@@ -12,11 +12,13 @@ import torch
 import torch.nn.functional as F
 
 
-def _window(ring, first, n, K):
-    """[C, n] fp32: the ring's inputs of tokens first .. first+n-1, zero for tokens < 0."""
-    cols = [ring[:, (first + i) % K].float() if first + i >= 0
-            else torch.zeros(ring.shape[0], device=ring.device) for i in range(n)]
-    return torch.stack(cols, dim=1)
+def _earlier_inputs(rings, t):
+    """[B, C, K-1] fp32: the inputs of tokens t-K+1 .. t-1 from rings [B, C, K] (t [B], int64),
+    oldest first, zero for tokens < 0."""
+    B, C, K = rings.shape
+    tok = t[:, None] - (K - 1) + torch.arange(K - 1, device=rings.device)     # [B, K-1]
+    taps = rings.gather(2, (tok % K)[:, None, :].expand(B, C, K - 1)).float()
+    return torch.where((tok >= 0)[:, None, :], taps, 0.0)
 
 
 def causal_conv1d_prefill(x, weight, cu_seqlens, conv_states, state_slots, has_initial_state,
@@ -32,7 +34,8 @@ def causal_conv1d_prefill(x, weight, cu_seqlens, conv_states, state_slots, has_i
         slot = int(state_slots[b])
         start = int(context_lens[b])
         if bool(has_initial_state[b]):
-            init = _window(conv_states[slot], start - (K - 1), K - 1, K)   # [C, K-1]
+            first = torch.tensor([start], device=x.device)
+            init = _earlier_inputs(conv_states[slot][None], first)[0]     # [C, K-1]
         else:
             init = torch.zeros(C, K - 1, device=x.device, dtype=torch.float32)
         seq = torch.cat([init, x[s:e].float().t()], dim=1)        # [C, K-1+L]
@@ -46,15 +49,10 @@ def causal_conv1d_prefill(x, weight, cu_seqlens, conv_states, state_slots, has_i
 
 def causal_conv1d_decode(x, weight, conv_states, state_slots, seq_lens):
     """One new token per sequence, at index seq_lens[b] - 1: x [B, C] -> [B, C]."""
-    B, C = x.shape
     K = weight.shape[1]
     slots = state_slots.long()
     t = seq_lens.long() - 1
-    tok = t[:, None] - (K - 1) + torch.arange(K - 1, device=x.device)     # [B, K-1] tap tokens
-    rings = conv_states[slots]                                              # [B, C, K]
-    taps = rings.gather(2, (tok % K)[:, None, :].expand(B, C, K - 1)).float()
-    taps = torch.where((tok >= 0)[:, None, :], taps, 0.0)          # earlier taps are zero
-    seq = torch.cat([taps, x.float()[:, :, None]], dim=2)                  # [B, C, K]
+    seq = torch.cat([_earlier_inputs(conv_states[slots], t), x.float()[:, :, None]], dim=2)
     y = (seq * weight.float()[None]).sum(-1)
     conv_states[slots, :, t % K] = x.to(conv_states.dtype)
     return F.silu(y).to(x.dtype)
