@@ -9,10 +9,11 @@
 A decode step of n sequences runs at the smallest captured batch size bs >= n (1, 2, 4, 8, 16,
 32, 64, 96, 128, ... up to max_num_seqs). Its inputs live in static device buffers (ids,
 positions, KV slots, block tables of the full max_model_len width, sequence lengths, state
-slots) filled from pinned host buffers by one non-blocking copy each; the model's forward and the
-LM head (logits) and the logits' argmax (greedy sampling's tokens) are captured together. The bs - n padding rows never touch real cache memory:
-their token writes go to a scratch KV block and their linear-attention state updates to a
-scratch state slot, both allocated beyond what the block manager hands out. Each row of every
+slots) filled from pinned host buffers by one non-blocking copy each; the model's forward, the
+LM head (logits) and the logits' argmax (greedy sampling's tokens) are captured together. The
+bs - n padding rows never touch real cache memory: their token writes go to a scratch KV block
+and their linear-attention state updates to a scratch state slot, both allocated beyond what
+the block manager hands out. Each row of every
 op depends only on its own inputs, so padding changes nothing in the real rows.
 
 The eager mode (use_graphs=False, or a batch larger than the largest graph) runs the same padded

@@ -145,7 +145,9 @@ class Sampler:
         want_lp = [p.logprobs is not None for p in params]
         raw_lp = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
         x = self._penalize(logits, rows)
-        if (argmax is None or x is not logits) and any(p.greedy for p in params):
+        if x is not logits:                                # penalised: the given argmax is stale
+            argmax = None
+        if argmax is None and any(p.greedy for p in params):
             argmax = x.argmax(dim=-1)
         if all(p.greedy for p in params):
             ids = argmax

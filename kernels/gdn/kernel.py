@@ -115,9 +115,15 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, st_
 
 
 def gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, *,
-                            v_head_order="grouped", block_v=None, num_warps=4, _conv=None):
-    """_conv = (conv_weight, conv_states, seq_lens, key_dim): q, k, v are the raw projection's
-    views and the conv step runs in the same kernel (conv_gated_delta_rule_decode)."""
+                            v_head_order="grouped", block_v=None, num_warps=4):
+    return _decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, v_head_order,
+                   block_v, num_warps, None)
+
+
+def _decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, v_head_order, block_v,
+            num_warps, conv):
+    """conv = (conv_weight, conv_states, seq_lens, key_dim): q, k, v are views of the raw
+    projection and the conv step runs in the same kernel (conv_gated_delta_rule_decode)."""
     B, Hk, DK = k.shape
     Hv, DV = v.shape[1], v.shape[2]
     o = empty((B, Hv, DV), v.dtype, v.device)
@@ -129,10 +135,10 @@ def gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slo
     assert a.stride(-1) == 1 and b.stride(-1) == 1
     BLOCK_K = next_pow2(DK)
     BLOCK_V = block_v or min(next_pow2(DV), 32 if B * Hv >= 256 else 16)
-    if _conv is None:
+    if conv is None:
         conv_args, conv_kw = (ssm_states, ssm_states, state_slots, 0, 0, 0, 0), {}
     else:
-        cw, cst, lens, key_dim = _conv
+        cw, cst, lens, key_dim = conv
         assert cw.stride(1) == 1 and cst.stride(2) == 1
         conv_args = (cw, cst, lens, key_dim, cw.stride(0), cst.stride(0), cst.stride(1))
         conv_kw = dict(CONV=True, CONV_K=cw.shape[1])
@@ -153,11 +159,9 @@ def conv_gated_delta_rule_decode(qkv, conv_weight, conv_states, seq_lens, a, b, 
     key_dim = num_k_heads * head_k_dim
     Hv = a.shape[1]
     q, k, v = qkv.split([key_dim, key_dim, qkv.shape[1] - 2 * key_dim], dim=-1)
-    return gated_delta_rule_decode(
-        q.view(B, num_k_heads, head_k_dim), k.view(B, num_k_heads, head_k_dim),
-        v.view(B, Hv, -1), a, b, A_log, dt_bias, ssm_states, state_slots,
-        v_head_order=v_head_order, block_v=block_v, num_warps=num_warps,
-        _conv=(conv_weight, conv_states, seq_lens, key_dim))
+    return _decode(q.view(B, num_k_heads, head_k_dim), k.view(B, num_k_heads, head_k_dim),
+                   v.view(B, Hv, -1), a, b, A_log, dt_bias, ssm_states, state_slots, v_head_order,
+                   block_v, num_warps, (conv_weight, conv_states, seq_lens, key_dim))
 
 
 @triton.jit
