@@ -12,14 +12,14 @@ import triton.language as tl
 from .._triton_util import empty, num_sms
 from ..pdl import pdl_args, pdl_start
 
-_BIG = 2**31 - 1
+NO_INDEX: tl.constexpr = tl.constexpr(2**31 - 1)    # no column taken yet (int32 max)
 
 
 @triton.jit
 def _best(v, i):
     """(max of v, the smallest i where v is that max): first occurrence, as torch.argmax."""
     m = tl.max(v, axis=0)
-    return m, tl.min(tl.where(v == m, i, 2147483647), axis=0)
+    return m, tl.min(tl.where(v == m, i, NO_INDEX), axis=0)
 
 
 @triton.jit
@@ -31,7 +31,7 @@ def _argmax_part_kernel(x_ptr, val_ptr, idx_ptr, V, sx, slice_len, P, BLOCK: tl.
     row = x_ptr + t.to(tl.int64) * sx
     cols = tl.arange(0, BLOCK)
     best_v = tl.full([BLOCK], float("-inf"), tl.float32)
-    best_i = tl.full([BLOCK], 2147483647, tl.int32)
+    best_i = tl.full([BLOCK], NO_INDEX, tl.int32)
     for off in range(p * slice_len, tl.minimum(p * slice_len + slice_len, V), BLOCK):
         c = off + cols
         v = tl.load(row + c, mask=c < V, other=float("-inf")).to(tl.float32)
@@ -51,15 +51,15 @@ def _argmax_final_kernel(val_ptr, idx_ptr, out_ptr, P, BLOCK_P: tl.constexpr,
     pp = tl.arange(0, BLOCK_P)
     m = pp < P
     v = tl.load(val_ptr + t * P + pp, mask=m, other=float("-inf"))
-    i = tl.load(idx_ptr + t * P + pp, mask=m, other=2147483647)
+    i = tl.load(idx_ptr + t * P + pp, mask=m, other=NO_INDEX)
     _, best = _best(v, i)
     # a row of NaNs or -inf only: index 0, as no column was taken
-    tl.store(out_ptr + t, tl.where(best == 2147483647, 0, best).to(tl.int64))
+    tl.store(out_ptr + t, tl.where(best == NO_INDEX, 0, best).to(tl.int64))
 
 
 def argmax(x, *, block=1024, programs=None):
     T, V = x.shape
-    assert x.stride(1) == 1 and V < _BIG
+    assert x.stride(1) == 1 and V < NO_INDEX
     out = empty((T,), torch.int64, x.device)
     if T == 0:
         return out
