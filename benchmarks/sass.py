@@ -51,7 +51,7 @@ def _kernel_and_signature(args):
         const = dict(QT=K.PQ_QTYPES[args.qtype], E=K.PQ_E[args.qtype], H=32 * args.warps,
                      BLOCK_N=args.rows, BLOCK_T=1, EVEN=True, PREFETCH=args.prefetch,
                      PAIRS=0 if args.no_pairs else (2 if args.qtype == "Q4_K" else 1),
-                     SILU=False, PDL=args.pdl, **norm)
+                     SILU=False, PDL=args.pdl, WSPLIT=args.wsplit, **norm)
     floats = {"eps", "eps_in"}
     names = list(fn.arg_names)
     sig = {a: ptrs.get(a, "constexpr" if a in const else ("fp32" if a in floats else "i32"))
@@ -100,6 +100,8 @@ def main() -> int:
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--block-k", type=int, default=512, help="F16 only")
     ap.add_argument("--prefetch", action="store_true", help="packed: PREFETCH")
+    ap.add_argument("--wsplit", action="store_true",
+                    help="packed: the words of a vector as separate tensors (Q5_K/Q6_K default)")
     ap.add_argument("--no-pairs", action="store_true", help="packed 4-bit: fields one at a time")
     ap.add_argument("--pdl", action="store_true", help="compile the PDL variant")
     ap.add_argument("--add-norm", action="store_true",

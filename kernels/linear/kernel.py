@@ -638,6 +638,15 @@ def _q6_bytes(words, hi, w3):
 
 
 @triton.jit
+def _split4(t):
+    """A tensor whose last axis has 4 elements -> the 4 tensors without it (in registers)."""
+    a, b = tl.split(tl.reshape(t, t.shape[:-1] + [2, 2]))
+    t0, t2 = tl.split(a)
+    t1, t3 = tl.split(b)
+    return t0, t1, t2, t3
+
+
+@triton.jit
 def _small_int_f32(v):
     """An int in [0, 2^23) as fp32 through the exponent (an or and a subtract: int->float
     conversions run at a quarter of the FMA rate on NVIDIA)."""
@@ -753,12 +762,123 @@ def _pq_x(x_ptr, p, xm, KX, SILU: tl.constexpr):
 
 
 @triton.jit
+def _nibble_pair_fma(p, words, J: tl.constexpr, x0, x1, one):
+    """p + fields J and J + 1 of one word of every row (_nibble_pair) times their activations
+    (x0 meets f = 1 + q/256, hence 16 x0)."""
+    f0, f1 = _nibble_pair(words, J, one)
+    p += f0[:, None] * (x0 * 16.0)                 # separate statements: FMAs into p
+    p += f1[:, None] * x1
+    return p
+
+
+@triton.jit
+def _field_fma(p, words, hi, J: tl.constexpr, x, QT: tl.constexpr, one):
+    """p + field J of one word of every row (_pq_field) times its activation."""
+    return p + _pq_field(words, hi, J, QT, one)[:, None] * x
+
+
+@triton.jit
+def _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w3, one,
+                   QT: tl.constexpr, E: tl.constexpr, H: tl.constexpr, BLOCK_T: tl.constexpr,
+                   BLOCK_N: tl.constexpr, PAIRS: tl.constexpr, SILU: tl.constexpr,
+                   WSPLIT: tl.constexpr):
+    """acc [H, BT, BN] + each thread's vector of every row (words [H, BN, 4], high bits,
+    raw scales) dotted with its activations (_pq_gemv_kernel's loop body after the loads)."""
+    if QT == 3:
+        words, hi = _q5_bytes(words, hi, w3)
+    if QT == 4:
+        words, hi = _q6_bytes(words, hi, w3)
+    if QT == 2 and PAIRS == 2:
+        DS, DM = _q4k_values(ra, rb)
+    else:
+        A, B = _pq_scale_values(ra, rb, QT)
+    if QT == 4:
+        A1, B1 = _pq_scale_values(ra1, rb, QT)
+    if QT == 2 and PAIRS == 2:
+        # Q4_K, fields two at a time as below, with the scales folded: the f = 1 parts of
+        # the sums (16 x for even fields, x for odd: M) and sum(x) (X) are per thread, shared
+        # by all rows, so each row's vector costs a subtract and two FMAs (_q4k_values).
+        # The 4 words of the vector and their activations are separate tensors (as WSPLIT)
+        ws0, ws1, ws2, ws3 = _split4(words)
+        X = tl.zeros([H, BLOCK_T, 1], tl.float32)
+        M = tl.zeros([H, BLOCK_T, 1], tl.float32)
+        p = tl.zeros([H, BLOCK_T, BLOCK_N], tl.float32)
+        for j in tl.static_range(0, E, 2):
+            e0, e1, e2, e3 = _split4(_pq_x(x_ptr, xrow + k0 + xoff + 4 * j, xm, KX, SILU))
+            o0, o1, o2, o3 = _split4(_pq_x(x_ptr, xrow + k0 + xoff + 4 * j + 4, xm, KX, SILU))
+            se = (e0 + e1) + (e2 + e3)
+            so4 = (o0 + o1) + (o2 + o3)
+            X += se + so4
+            M += se * 16.0 + so4
+            p = _nibble_pair_fma(p, ws0, j, e0, o0, one)
+            p = _nibble_pair_fma(p, ws1, j, e1, o1, one)
+            p = _nibble_pair_fma(p, ws2, j, e2, o2, one)
+            p = _nibble_pair_fma(p, ws3, j, e3, o3, one)
+        acc += DS[:, None] * (p - M) - DM[:, None] * X
+    elif WSPLIT or QT == 4:
+        # the 4 words of each vector (and their activations) as separate tensors: one
+        # accumulator per row and vector instead of one per word (fewer registers, no
+        # word reduction); Q6_K's fields 0-3 and 4-7 have their own scales (p, q)
+        c0, c1, c2, c3 = _split4(words)
+        h0, h1, h2, h3 = _split4(hi)
+        p = tl.zeros([H, BLOCK_T, BLOCK_N], tl.float32)
+        q = tl.zeros([H, BLOCK_T, BLOCK_N], tl.float32)   # Q6_K: fields 4-7
+        X = tl.zeros([H, BLOCK_T, 1], tl.float32)
+        X1 = tl.zeros([H, BLOCK_T, 1], tl.float32)
+        for j in tl.static_range(E):
+            x0, x1, x2, x3 = _split4(_pq_x(x_ptr, xrow + k0 + xoff + 4 * j, xm, KX, SILU))
+            sj = (x0 + x1) + (x2 + x3)
+            if QT == 4 and j >= 4:
+                X1 += sj
+                q = _field_fma(q, c0, h0, j, x0, QT, one)
+                q = _field_fma(q, c1, h1, j, x1, QT, one)
+                q = _field_fma(q, c2, h2, j, x2, QT, one)
+                q = _field_fma(q, c3, h3, j, x3, QT, one)
+            else:
+                X += sj
+                p = _field_fma(p, c0, h0, j, x0, QT, one)
+                p = _field_fma(p, c1, h1, j, x1, QT, one)
+                p = _field_fma(p, c2, h2, j, x2, QT, one)
+                p = _field_fma(p, c3, h3, j, x3, QT, one)
+        acc += A[:, None] * p + B[:, None] * X
+        if QT == 4:
+            acc += A1[:, None] * q + B1[:, None] * X1
+    else:
+        p = tl.zeros([H, BLOCK_T, BLOCK_N, 4], tl.float32)
+        xs = tl.zeros([H, BLOCK_T, 1, 4], tl.float32)
+        if (QT == 1 or QT == 2) and PAIRS:
+            # 4-bit fields two at a time: one shift puts field j at bits 15-18 and j + 1 at
+            # 19-22, each then needs only an and-or (half the shifts): f_j = 1 + q/256 meets
+            # 16 x (exact), so f x = x + q x / 16 + 15 x for even j; the 15 x terms (xe, per
+            # thread, shared by all rows) are taken off each row's sum below
+            xe = tl.zeros([H, BLOCK_T, 1, 4], tl.float32)
+            for j in tl.static_range(0, E, 2):
+                x0 = _pq_x(x_ptr, xrow + k0 + xoff + 4 * j, xm, KX, SILU)
+                x1 = _pq_x(x_ptr, xrow + k0 + xoff + 4 * j + 4, xm, KX, SILU)
+                f0, f1 = _nibble_pair(words, j, one)
+                p += f0[:, None] * (x0 * 16.0)     # separate statements: FMAs into p
+                p += f1[:, None] * x1
+                xs += x0
+                xs += x1
+                xe += x0
+            p -= 15.0 * xe
+        else:
+            for j in tl.static_range(E):
+                xj = _pq_x(x_ptr, xrow + k0 + xoff + 4 * j, xm, KX, SILU)
+                p += _pq_field(words, hi, j, QT, one)[:, None] * xj
+                xs += xj
+        acc += A[:, None] * tl.sum(p, axis=3) + B[:, None] * tl.sum(xs, axis=3)
+    return acc
+
+
+@triton.jit
 def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, sq, sh, sa, sb,
                     so, so_split, kw_len, one,
                     QT: tl.constexpr, E: tl.constexpr, H: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr,
                     PREFETCH: tl.constexpr = False, PAIRS: tl.constexpr = 1,
-                    SILU: tl.constexpr = False, PDL: tl.constexpr = False):
+                    SILU: tl.constexpr = False, PDL: tl.constexpr = False,
+                    WSPLIT: tl.constexpr = False):
     """out[t, n] (or split-K partial pid_k) = x[t] . w[n] over words [pid_k * kw_len, +kw_len).
 
     H = threads per program. Tiles are [H, BLOCK_T, BLOCK_N, 4] with the vector axis first,
@@ -769,6 +889,10 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
     decoded (EVEN only; ptxas places those loads late in the body, so it pays only in some
     configs: _pq_cuda_decode). PAIRS: 4-bit fields two per shift (1), and for Q4_K with the
     scales folded (2); 0: one at a time.
+    WSPLIT (always for Q6_K and Q4_K's PAIRS = 2): the 4 words of each vector and their
+    activations are split into separate tensors, so each row keeps one accumulator per vector
+    instead of one per word: no reduction over the words, and fewer registers (sm_90: Q4_K 8
+    rows 128 -> 96, Q6_K 4 rows 128 -> 72), which pays for Q5_K/Q6_K; Q8_0 is as fast without.
     SILU: x rows hold [gate | up] (K apart), the GEMV runs on silu(gate) * up (_pq_x).
     Under PREFETCH the first iteration's weight planes are loaded before the PDL wait (they
     are constants: their stream starts while the kernel before finishes)."""
@@ -821,75 +945,8 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
                 xm = tm & vm3[:, None]
                 vs = tl.where(kw + v2 * 4 < kwend, v2, 0)  # masked vectors' terms are 0 anyway
             ra, rb, ra1 = _pq_scale_raw(a_ptr, b_ptr, n2, sa, sb, k0, vs, QT)
-        if QT == 3:
-            words, hi = _q5_bytes(words, hi, w3)
-        if QT == 4:
-            words, hi = _q6_bytes(words, hi, w3)
-        if QT == 2 and PAIRS == 2:
-            DS, DM = _q4k_values(ra, rb)
-        else:
-            A, B = _pq_scale_values(ra, rb, QT)
-        if QT == 4:
-            A1, B1 = _pq_scale_values(ra1, rb, QT)
-        if QT == 2 and PAIRS == 2:
-            # Q4_K, fields two at a time as below, with the scales folded: the f = 1 parts of
-            # the sums (16 x for even fields, x for odd) and sum(x) are per thread, shared by
-            # all rows, so each row's vector costs a subtract and two FMAs (_q4k_values)
-            p = tl.zeros([H, BLOCK_T, BLOCK_N, 4], tl.float32)
-            xe = tl.zeros([H, BLOCK_T, 1, 4], tl.float32)
-            xo = tl.zeros([H, BLOCK_T, 1, 4], tl.float32)
-            for j in tl.static_range(0, E, 2):
-                x0 = _pq_x(x_ptr, xrow + k0 + xoff + 4 * j, xm, KX, SILU)
-                x1 = _pq_x(x_ptr, xrow + k0 + xoff + 4 * j + 4, xm, KX, SILU)
-                f0, f1 = _nibble_pair(words, j, one)
-                p += f0[:, None] * (x0 * 16.0)
-                p += f1[:, None] * x1
-                xe += x0
-                xo += x1
-            X = tl.sum(xe + xo, axis=3)                        # [H, BT, 1]
-            M = tl.sum(xe * 16.0 + xo, axis=3)                 # the f = 1 parts of p
-            acc += DS[:, None] * (tl.sum(p, axis=3) - M) - DM[:, None] * X
-        elif QT == 4:  # fields 0-3 and 4-7 have their own scales
-            p0 = tl.zeros([H, BLOCK_T, BLOCK_N, 4], tl.float32)
-            p1 = tl.zeros([H, BLOCK_T, BLOCK_N, 4], tl.float32)
-            x0 = tl.zeros([H, BLOCK_T, 1, 4], tl.float32)
-            x1 = tl.zeros([H, BLOCK_T, 1, 4], tl.float32)
-            for j in tl.static_range(E):
-                xj = _pq_x(x_ptr, xrow + k0 + xoff + 4 * j, xm, KX, SILU)
-                fj = _pq_field(words, hi, j, QT, one)[:, None]
-                if j < 4:
-                    p0 += fj * xj
-                    x0 += xj
-                else:
-                    p1 += fj * xj
-                    x1 += xj
-            acc += (A[:, None] * tl.sum(p0, axis=3) + B[:, None] * tl.sum(x0, axis=3)
-                    + A1[:, None] * tl.sum(p1, axis=3) + B1[:, None] * tl.sum(x1, axis=3))
-        else:
-            p = tl.zeros([H, BLOCK_T, BLOCK_N, 4], tl.float32)
-            xs = tl.zeros([H, BLOCK_T, 1, 4], tl.float32)
-            if (QT == 1 or QT == 2) and PAIRS:
-                # 4-bit fields two at a time: one shift puts field j at bits 15-18 and j + 1 at
-                # 19-22, each then needs only an and-or (half the shifts): f_j = 1 + q/256 meets
-                # 16 x (exact), so f x = x + q x / 16 + 15 x for even j; the 15 x terms (xe, per
-                # thread, shared by all rows) are taken off each row's sum below
-                xe = tl.zeros([H, BLOCK_T, 1, 4], tl.float32)
-                for j in tl.static_range(0, E, 2):
-                    x0 = _pq_x(x_ptr, xrow + k0 + xoff + 4 * j, xm, KX, SILU)
-                    x1 = _pq_x(x_ptr, xrow + k0 + xoff + 4 * j + 4, xm, KX, SILU)
-                    f0, f1 = _nibble_pair(words, j, one)
-                    p += f0[:, None] * (x0 * 16.0)     # separate statements: FMAs into p
-                    p += f1[:, None] * x1
-                    xs += x0
-                    xs += x1
-                    xe += x0
-                p -= 15.0 * xe
-            else:
-                for j in tl.static_range(E):
-                    xj = _pq_x(x_ptr, xrow + k0 + xoff + 4 * j, xm, KX, SILU)
-                    p += _pq_field(words, hi, j, QT, one)[:, None] * xj
-                    xs += xj
-            acc += A[:, None] * tl.sum(p, axis=3) + B[:, None] * tl.sum(xs, axis=3)
+        acc = _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w3, one,
+                             QT, E, H, BLOCK_T, BLOCK_N, PAIRS, SILU, WSPLIT)
     res = tl.sum(acc, axis=0)                                               # [BT, BN]
     optr = out_ptr + pid_k * so_split + tt[:, None] * so + nn[None, :]
     tl.store(optr, res.to(out_ptr.dtype.element_ty), mask=(tt[:, None] < T) & nmask[None, :])
@@ -1111,12 +1168,12 @@ def _pq_gemv_config_cached(T, N, K, qtype, device):
     # tail (27B: K = 5120, 17408 are 5 and 17 times 1024 elements)
     fit = next((w for w in (4, 2, 1) if kw % (4 * ws * w) == 0), 4)
     rocm = is_rocm()
-    prefetch, pairs = False, 1
+    prefetch, pairs, wsplit = False, 1, wide
     if rocm:
         block_n = max(1, {1: 4, 2: 2}.get(bt, 1) // (2 if wide else 1))
         warps = fit
     elif bt == 1:
-        block_n, warps, prefetch, pairs = _pq_cuda_decode(qtype, N, num_sms(device))
+        block_n, warps, prefetch, pairs, wsplit = _pq_cuda_decode(qtype, N, num_sms(device))
         warps = min(warps, fit)
     else:
         block_n = max(1, {2: 8, 4: 4, 8: 2}.get(bt, 1) // (2 if wide else 1))
@@ -1128,34 +1185,43 @@ def _pq_gemv_config_cached(T, N, K, qtype, device):
     while (progs * split * 2 <= want and kw % (split * 2) == 0
            and (kw // (split * 2)) % (4 * ws * warps) == 0 and kw // (split * 2) >= 1024):
         split *= 2
-    return dict(BLOCK_N=block_n, num_warps=warps, SPLIT=split, PREFETCH=prefetch, PAIRS=pairs)
+    return dict(BLOCK_N=block_n, num_warps=warps, SPLIT=split, PREFETCH=prefetch, PAIRS=pairs,
+                WSPLIT=wsplit)
 
 
 def _pq_cuda_decode(qtype, N, sms):
-    """(rows, warps, PREFETCH, PAIRS) of a T = 1 GEMV on CUDA, from the H200 sweeps of 18-36
-    configs on the 9B's shapes (docs/PERF.md, kernel run 9; within 2% of the best on each):
-    - Q4_K / Q4_0: 8 rows, 2 warps from N = 8192 (gate/up 24576: 22.6 us against 24.5 at 1
-      warp; 8192: 9.7 against 10.8 at 4), 4 at N = 4096; Q4_K folds its scales (PAIRS = 2);
-    - Q5_K: 8 rows at 1 warp from N = 8192 (12.2 us against 13.9 at 4 x 2), else 4 x 2;
-    - Q6_K: 4 rows; 1 warp from N = 16384, with PREFETCH for the LM head (248320: 283 us
-      against 307 at 2 warps); 4 warps for N <= 1024 (4.0 us against 5.0); 2 between;
-    - Q8_0: 4 rows; from N = 16384 2 warps with PREFETCH (24576: 28.9 us against 30.3), else
-      warps so that the grid holds about 24 warps per SM (N = 12288: 1, N = 4096: 4, with
-      PREFETCH).
+    """(rows, warps, PREFETCH, PAIRS, WSPLIT) of a T = 1 GEMV on CUDA, from H200 sweeps on the
+    9B's shapes (docs/PERF.md, kernel runs 9 and 10; within 2% of the best on each):
+    - Q4_K / Q4_0: 8 rows; 2 warps from N = 8192 (gate/up 24576: 21.8 us against 24.5 at 1
+      warp), but Q4_K 1 warp with PREFETCH at N = 12288 (12.4 against 13.0 at 2); 4 below 8192;
+      Q4_K folds its scales and splits its words (PAIRS = 2);
+    - Q5_K: 4 rows, 1 warp, split words (8192: 11.2 us against 12.2 at 8 rows unsplit);
+    - Q6_K: 4 rows, split words from N = 2048 (4096 x 12288 18.3 us against 18.9, 12288 x 4096
+      17.8 against 19.0); 1 warp from N = 16384 (the LM head 248320: 259-271 us against 275
+      with PREFETCH unsplit), 2 with PREFETCH between; 4 warps at N <= 1024 (4.3 us, where
+      the unsplit kernel took 4.0; it is gone);
+    - Q8_0: 4 rows, unsplit; from N = 16384 2 warps with PREFETCH (24576: 28.5 us against
+      30.3), else warps so that the grid holds about 24 warps per SM (N = 12288: 1, N = 4096:
+      4, with PREFETCH).
     PREFETCH applies where a program makes at least 4 iterations (packed_matmul)."""
     if qtype in ("Q4_K", "Q4_0"):
-        return 8, (2 if N >= 8192 else 4), False, (2 if qtype == "Q4_K" else 1)
+        pairs = 2 if qtype == "Q4_K" else 1
+        if qtype == "Q4_K" and 12288 <= N < 16384:
+            return 8, 1, True, pairs, False
+        return 8, (2 if N >= 8192 else 4), False, pairs, False
     if qtype == "Q5_K":
-        return (8, 1, False, 1) if N >= 8192 else (4, 2, False, 1)
+        return 4, 1, False, 1, True
     if qtype == "Q6_K":
         if N >= 16384:
-            return 4, 1, N >= 65536, 1
-        return 4, (4 if N <= 1024 else 2), False, 1
+            return 4, 1, False, 1, True
+        if N <= 1024:
+            return 4, 4, False, 1, True
+        return 4, 2, True, 1, True
     if N >= 16384:
-        return 4, 2, True, 1
+        return 4, 2, True, 1, False
     want = 24 * sms / triton.cdiv(N, 4)
     warps = 1 << max(0, min(2, round(math.log2(max(want, 1.0)))))
-    return 4, warps, warps == 4, 1             # PREFETCH: N = 4096 x 12288, 16.1 against 16.9
+    return 4, warps, warps == 4, 1, False    # PREFETCH: N = 4096 x 12288, 16.1 against 16.9
 
 
 def packed_matmul(x, pw, *, silu=False, **cfg):
@@ -1202,7 +1268,8 @@ def packed_matmul(x, pw, *, silu=False, **cfg):
             x, qs, qh, a, b, dst, N, T, KW, x.stride(0), qs.stride(0), qh.stride(0),
             a.stride(0), b.stride(0), dst.stride(-2), so_split, kw_len, 0x3F800000,
             QT=QT, E=E, H=H, BLOCK_N=BN, BLOCK_T=bt, EVEN=even, PREFETCH=prefetch,
-            PAIRS=c["PAIRS"], SILU=silu, num_warps=warps, **pdl_args(x.device))
+            PAIRS=c["PAIRS"], SILU=silu, WSPLIT=c["WSPLIT"], num_warps=warps,
+            **pdl_args(x.device))
         if split > 1:
             torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
         return out

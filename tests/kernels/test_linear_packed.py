@@ -66,6 +66,9 @@ def test_packed_linear(qtype, T):
                                    (1, dict(H=8, BLOCK_N=4, PAIRS=False)),   # 4-bit fields singly
                                    (3, dict(H=8, BLOCK_N=4, PREFETCH=True)), # next words early
                                    (1, dict(H=8, BLOCK_N=4, PAIRS=2)),      # folded scales
+                                   (1, dict(H=8, BLOCK_N=4, WSPLIT=True)),  # words split
+                                   (3, dict(H=8, BLOCK_N=4, WSPLIT=False)),
+                                   (3, dict(H=8, BLOCK_N=4, WSPLIT=True, PREFETCH=True)),
                                    (2, dict(H=4, BLOCK_N=2, PAIRS=2, SPLIT=3)),
                                    (2, dict(H=8, SPLIT=2, BLOCK_N=2)),       # split K, even
                                    (5, dict(H=4, SPLIT=3, BLOCK_N=4))])      # split K, tails
