@@ -235,10 +235,13 @@ def bench_linear_quant(quick):
                 if not quick and (T == 1 or (N, K) == shapes[0]):
                     res = []
                     base = linear_kernel._pq_gemv_config(T, N, K, qt, x.device)
-                    # 4-bit fields singly (0), paired (1), paired with folded Q4_K scales (2)
+                    # 4-bit fields singly (0), paired (1), paired with folded Q4_K scales (2);
+                    # the words of a vector split or not (Q6_K and Q4_K's PAIRS = 2 always split)
                     extra = ([dict(base, PAIRS=p) for p in (0, 1, 2) if p != base.get("PAIRS")]
                              if qt == "Q4_K" else
                              [dict(base, PAIRS=0)] if qt == "Q4_0" else [])
+                    if qt in ("Q8_0", "Q4_0", "Q5_K"):
+                        extra.append(dict(base, WSPLIT=not base["WSPLIT"]))
                     for cfg in (sweep + extra if T == 1 else sweep_dot):
                         try:
                             res.append((run_new(cfg), cfg))
