@@ -763,7 +763,7 @@ def _pq_x(x_ptr, p, xm, KX, SILU: tl.constexpr):
 
 @triton.jit
 def _nibble_pair_fma(p, words, J: tl.constexpr, x0, x1, one):
-    """p + fields J and J + 1 of one word of every row (_nibble_pair) times their activations
+    """p + fields J and J + 1 of every row's word(s) (_nibble_pair) times their activations
     (x0 meets f = 1 + q/256, hence 16 x0)."""
     f0, f1 = _nibble_pair(words, J, one)
     p += f0[:, None] * (x0 * 16.0)                 # separate statements: FMAs into p
@@ -773,8 +773,18 @@ def _nibble_pair_fma(p, words, J: tl.constexpr, x0, x1, one):
 
 @triton.jit
 def _field_fma(p, words, hi, J: tl.constexpr, x, QT: tl.constexpr, one):
-    """p + field J of one word of every row (_pq_field) times its activation."""
+    """p + field J of every row's word(s) (_pq_field) times its activation."""
     return p + _pq_field(words, hi, J, QT, one)[:, None] * x
+
+
+@triton.jit
+def _split_field_fma(p, c0, c1, c2, c3, h0, h1, h2, h3, J: tl.constexpr, x0, x1, x2, x3,
+                     QT: tl.constexpr, one):
+    """_field_fma over the 4 split words of a vector and their activations."""
+    p = _field_fma(p, c0, h0, J, x0, QT, one)
+    p = _field_fma(p, c1, h1, J, x1, QT, one)
+    p = _field_fma(p, c2, h2, J, x2, QT, one)
+    return _field_fma(p, c3, h3, J, x3, QT, one)
 
 
 @triton.jit
@@ -830,16 +840,10 @@ def _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w
             sj = (x0 + x1) + (x2 + x3)
             if QT == 4 and j >= 4:
                 X1 += sj
-                q = _field_fma(q, c0, h0, j, x0, QT, one)
-                q = _field_fma(q, c1, h1, j, x1, QT, one)
-                q = _field_fma(q, c2, h2, j, x2, QT, one)
-                q = _field_fma(q, c3, h3, j, x3, QT, one)
+                q = _split_field_fma(q, c0, c1, c2, c3, h0, h1, h2, h3, j, x0, x1, x2, x3, QT, one)
             else:
                 X += sj
-                p = _field_fma(p, c0, h0, j, x0, QT, one)
-                p = _field_fma(p, c1, h1, j, x1, QT, one)
-                p = _field_fma(p, c2, h2, j, x2, QT, one)
-                p = _field_fma(p, c3, h3, j, x3, QT, one)
+                p = _split_field_fma(p, c0, c1, c2, c3, h0, h1, h2, h3, j, x0, x1, x2, x3, QT, one)
         acc += A[:, None] * p + B[:, None] * X
         if QT == 4:
             acc += A1[:, None] * q + B1[:, None] * X1
@@ -855,9 +859,7 @@ def _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w
             for j in tl.static_range(0, E, 2):
                 x0 = _pq_x(x_ptr, xrow + k0 + xoff + 4 * j, xm, KX, SILU)
                 x1 = _pq_x(x_ptr, xrow + k0 + xoff + 4 * j + 4, xm, KX, SILU)
-                f0, f1 = _nibble_pair(words, j, one)
-                p += f0[:, None] * (x0 * 16.0)     # separate statements: FMAs into p
-                p += f1[:, None] * x1
+                p = _nibble_pair_fma(p, words, j, x0, x1, one)
                 xs += x0
                 xs += x1
                 xe += x0
@@ -865,7 +867,7 @@ def _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w
         else:
             for j in tl.static_range(E):
                 xj = _pq_x(x_ptr, xrow + k0 + xoff + 4 * j, xm, KX, SILU)
-                p += _pq_field(words, hi, j, QT, one)[:, None] * xj
+                p = _field_fma(p, words, hi, j, xj, QT, one)
                 xs += xj
         acc += A[:, None] * tl.sum(p, axis=3) + B[:, None] * tl.sum(xs, axis=3)
     return acc
