@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -34,3 +35,27 @@ class ForwardContext:
     @property
     def num_seqs(self) -> int:
         return int(self.seq_lens.shape[0])
+
+
+def write_step_rows(seqs, chunks, block_size: int, ids, pos, slots, cu, seq_lens, ctx_lens, tables,
+                    state_slots, has_init) -> int:
+    """Write a step's flat-batch inputs into host arrays (numpy views, long enough): per token
+    its id, position and KV slot; per sequence its token offsets (cu[i + 1]), total and cached
+    lengths, block table row (tables[i, :blocks]), state slot and whether its state carries.
+    Sequence i contributes chunks[i] tokens from its first uncached one. Returns the token count."""
+    off = 0
+    for i, (s, n) in enumerate(zip(seqs, chunks)):
+        start = s.num_cached_tokens
+        ids[off:off + n] = s.token_ids[start:start + n]
+        p = np.arange(start, start + n)
+        pos[off:off + n] = p
+        table = np.asarray(s.block_table, dtype=np.int64)
+        tables[i, : len(table)] = table
+        slots[off:off + n] = table[p // block_size] * block_size + p % block_size
+        off += n
+        cu[i + 1] = off
+        seq_lens[i] = start + n
+        ctx_lens[i] = start
+        state_slots[i] = s.state_slot
+        has_init[i] = start > 0
+    return off
