@@ -43,6 +43,9 @@ class EngineConfig:
     max_waiting_requests: int = 1024
     seed: int | None = None                # the shared generator of unseeded requests
     enforce_eager: bool = False            # no decode graphs (CUDA/HIP)
+    # prefill steps of at most this many tokens replay CUDA/HIP graphs (0: all prefill eager;
+    # g906/engine/prefill_graphs.py); off by default until measured on a GPU
+    prefill_graph_tokens: int = 0
 
     @classmethod
     def from_plan(cls, plan, **overrides) -> "EngineConfig":
@@ -161,7 +164,7 @@ class LLMEngine:
             max_num_batched_tokens=mbt, max_model_len=self.max_model_len,
             gpu_memory_utilization=config.gpu_memory_utilization, cpu_kv_cache_gib=config.cpu_kv_cache_gib,
             num_kv_blocks=config.num_kv_blocks, seed=config.seed, fit_len=not explicit_len,
-            enforce_eager=config.enforce_eager,
+            enforce_eager=config.enforce_eager, prefill_graph_tokens=config.prefill_graph_tokens,
         )
         self.max_model_len = self.runner.max_model_len   # lowered to the cache when not explicit
         s = self.runner.sizing

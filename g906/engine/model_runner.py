@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from g906.engine.context import ForwardContext
+from g906.engine.context import ForwardContext, write_step_rows
 from g906.engine.sampler import Sampler, SamplerRow, TokenLogprobs
 from g906.engine.scheduler import ScheduledBatch
 from g906.engine.sequence import Sequence
@@ -55,7 +55,7 @@ class ModelRunner:
     def __init__(self, loaded, *, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int, gpu_memory_utilization: float = 0.9, cpu_kv_cache_gib: float = 1.0,
                  num_kv_blocks: int | None = None, seed: int | None = None, fit_len: bool = False,
-                 enforce_eager: bool = False):
+                 enforce_eager: bool = False, prefill_graph_tokens: int = 0):
         self.loaded = loaded
         self.model = loaded.model
         self.config = loaded.config
@@ -66,6 +66,9 @@ class ModelRunner:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.fit_len = fit_len          # lower max_model_len to the cache instead of failing
+        # short prefill steps replayed from graphs (g906/engine/prefill_graphs.py): GPU, graphs on
+        self.prefill_graph_tokens = (min(int(prefill_graph_tokens), max_num_batched_tokens)
+                                     if not enforce_eager and self.device.type == "cuda" else 0)
         self.sampler = Sampler(self.device, seed=seed)
         pin = self.device.type == "cuda"
         m = max_num_batched_tokens
@@ -85,6 +88,7 @@ class ModelRunner:
         )
         self.model.bind_cache(self.cache)
         self.graphs = None
+        self.prefill_graphs = None
         if padded:
             from g906.engine.cuda_graphs import DecodeGraphs
 
@@ -94,6 +98,15 @@ class ModelRunner:
                 scratch_slot=max_num_seqs, use_graphs=not enforce_eager,
             )
             self.graphs.capture()
+            if self.prefill_graph_tokens >= 16:
+                from g906.engine.prefill_graphs import PrefillGraphs
+
+                self.prefill_graphs = PrefillGraphs(
+                    self.model, self.cache, block_size=block_size, max_tokens=self.prefill_graph_tokens,
+                    max_num_seqs=max_num_seqs, max_model_len=self.max_model_len,
+                    scratch_block=self.sizing.num_blocks, scratch_slot=max_num_seqs,
+                )
+                self.prefill_graphs.capture()
 
     # -- cache sizing ----------------------------------------------------------------------------
     def _size_cache(self, util: float, cpu_gib: float, override: int | None) -> CacheSizing:
@@ -109,6 +122,10 @@ class ModelRunner:
                                override * per_block + states, "override")
         if self.device.type == "cuda":
             weights, act = self._profile()
+            if self.prefill_graph_tokens >= 16:
+                # the prefill graphs' pool keeps about one forward's activations of their
+                # largest step for good (a quarter more for its logits and rounding)
+                act += int(1.25 * act * min(1.0, self.prefill_graph_tokens / self.max_num_batched_tokens))
             free, total = torch.cuda.mem_get_info(self.device)
             others = max(0, (total - free) - torch.cuda.memory_reserved(self.device))
             budget = int(util * total) - weights - act - others - states
@@ -185,21 +202,7 @@ class ModelRunner:
         tables = np.full((len(seqs), width), -1, dtype=np.int32)
         state_slots = np.zeros(len(seqs), dtype=np.int32)
         has_init = np.zeros(len(seqs), dtype=np.bool_)
-        off = 0
-        for i, (s, n) in enumerate(zip(seqs, chunks)):
-            start = s.num_cached_tokens
-            ids[off:off + n] = s.token_ids[start:start + n]
-            p = np.arange(start, start + n)
-            pos[off:off + n] = p
-            table = np.asarray(s.block_table, dtype=np.int64)
-            tables[i, : len(table)] = table
-            slots[off:off + n] = table[p // bs] * bs + p % bs
-            off += n
-            cu[i + 1] = off
-            seq_lens[i] = start + n
-            ctx_lens[i] = start
-            state_slots[i] = s.state_slot
-            has_init[i] = start > 0
+        write_step_rows(seqs, chunks, bs, ids, pos, slots, cu, seq_lens, ctx_lens, tables, state_slots, has_init)
         dev = self.device
         nb = dev.type == "cuda"
         # sequences with images: M-RoPE positions (pos rewritten in place) and the image tokens'
@@ -262,6 +265,12 @@ class ModelRunner:
                     ids = ids.index_select(0, idx.to(ids.device, non_blocking=True))
             logits, greedy = self.graphs.run_step(batch.seqs, input_ids=ids)
             sampling = list(range(len(batch.seqs)))
+        elif feed is None and self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
+            # a short prefill step: padded static inputs, graph replay (g906/engine/prefill_graphs.py)
+            sampling = [i for i in range(len(batch.seqs)) if batch.samples(i)]
+            logits, greedy = self.prefill_graphs.run_step(batch.seqs, batch.num_new_tokens, sampling)
+            if not sampling:
+                return PendingStep([], None)
         else:
             if feed is not None:
                 raise ValueError("only graph-path decode steps take their input tokens from the device")
