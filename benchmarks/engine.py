@@ -200,7 +200,8 @@ def run_rows(args, device: torch.device, out: dict, save) -> None:
     def g_9b_f16():
         loaded = build_synthetic("qwen3.5-9b", quant="f16", device=device, overrides=ov)
         wl1 = Workload(num_requests=1, prompt_len=LengthSpec(P2, P2), output_len=LengthSpec(O, O), concurrency=1)
-        engine = make_engine(loaded, wl1, max_num_seqs=1, max_model_len=P2 + O + 64, max_num_batched_tokens=P2)
+        engine = make_engine(loaded, wl1, max_num_seqs=1, max_model_len=P2 + O + 64, max_num_batched_tokens=P2,
+                             prefill_graph_tokens=args.prefill_graphs)
         res = decode_row("9b-f16-decode", "9B F16 decode b=1", loaded, engine)
         fpt = matmul_flops_per_token(loaded, P)
         # prefill measured like the 2048 row: its own prompts, after the decode row has kept the
@@ -224,7 +225,8 @@ def run_rows(args, device: torch.device, out: dict, save) -> None:
         def run():
             loaded = build_synthetic(shape, quant=quant, device=device, overrides=ov)
             wl = Workload(num_requests=1, prompt_len=LengthSpec(P, P), output_len=LengthSpec(O, O), concurrency=1)
-            engine = make_engine(loaded, wl, max_num_seqs=1, max_model_len=P + O + 64, max_num_batched_tokens=P)
+            engine = make_engine(loaded, wl, max_num_seqs=1, max_model_len=P + O + 64, max_num_batched_tokens=P,
+                                 prefill_graph_tokens=args.prefill_graphs)
             decode_row(row_id, label, loaded, engine)
             graphs = getattr(engine.runner, "graphs", None)
             if row_id.startswith("0.8b") and graphs is not None and graphs.use_graphs:
@@ -238,7 +240,7 @@ def run_rows(args, device: torch.device, out: dict, save) -> None:
         loaded = build_synthetic("qwen3.5-9b", quant="f16", device=device, overrides=ov)
         wl3 = Workload(num_requests=N64, prompt_len=LengthSpec(P, P), output_len=LengthSpec(O64, O64),
                        concurrency=N64)
-        engine = make_engine(loaded, wl3, max_num_seqs=N64, max_model_len=P + O64 + 32,
+        engine = make_engine(loaded, wl3, max_num_seqs=N64, prefill_graph_tokens=args.prefill_graphs, max_model_len=P + O64 + 32,
                              max_num_batched_tokens=max(P2, 8 * P))
         r3 = run_offline(engine, wl3)
         c = loaded.config
@@ -344,11 +346,14 @@ def main(argv=None) -> int:
                          "9b-q4_k, 9b-q8_0, 9b-f16-c64 (64 concurrent), hf (transformers)")
     ap.add_argument("--budget-s", type=float, default=float(os.environ.get("G906_BENCH_BUDGET_S", 330)),
                     help="start no new group after this many seconds (default 330)")
+    ap.add_argument("--prefill-graphs", type=int, default=0, metavar="N",
+                    help="replay prefill steps of up to N tokens from graphs (default 0: eager prefill)")
     args = ap.parse_args(argv)
     args.groups = [g.strip() for g in args.groups.split(",") if g.strip()]
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     t0 = time.perf_counter()
-    out = {"env": environment(device), "quick": args.quick, "rows": [], "transformers": {}, "eager_vs_graphs": {}}
+    out = {"env": environment(device), "quick": args.quick, "prefill_graph_tokens": args.prefill_graphs,
+           "rows": [], "transformers": {}, "eager_vs_graphs": {}}
     log(f"device {out['env'].get('gpu', device)}; measuring copy bandwidth and the fp16 matmul rate")
     out["copy_bandwidth_bytes_s"] = measure_copy_bandwidth(device)
     out["matmul_flops_s"] = measure_matmul_flops(device)

@@ -63,12 +63,14 @@ def open_model(*, model: str | None = None, recipe: str | None = None, shape: st
 def make_engine(loaded, workload: Workload, *, plan=None, enforce_eager: bool = False,
                 max_num_seqs: int | None = None, max_model_len: int | None = None,
                 max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.9,
-                num_kv_blocks: int | None = None, block_size: int = 16):
+                num_kv_blocks: int | None = None, block_size: int = 16, prefill_graph_tokens: int = 0):
     """An LLMEngine sized for the workload (or for the recipe's plan, when given)."""
     from g906.engine.llm_engine import EngineConfig, LLMEngine
 
     fields = {f.name for f in dataclasses.fields(EngineConfig)}
     extra = {"enforce_eager": enforce_eager} if "enforce_eager" in fields else {}
+    if prefill_graph_tokens:
+        extra["prefill_graph_tokens"] = int(prefill_graph_tokens)
     if plan is not None:
         cfg = EngineConfig.from_plan(plan, num_kv_blocks=num_kv_blocks, **extra)
         if "enforce_eager" in fields and not enforce_eager:
@@ -194,7 +196,9 @@ def run_offline(engine, workload: Workload, *, on_progress: Callable[[int, int],
     res["peak_memory_bytes"] = int(torch.cuda.max_memory_allocated(dev)) if dev is not None else None
     runner = engine.runner
     graphs = getattr(runner, "graphs", None)
-    res["engine"] = dict(engine.describe(), graphs=graphs.describe() if graphs is not None else None)
+    pgraphs = getattr(runner, "prefill_graphs", None)
+    res["engine"] = dict(engine.describe(), graphs=graphs.describe() if graphs is not None else None,
+                         prefill_graphs=pgraphs.describe() if pgraphs is not None else None)
     return res
 
 

@@ -47,6 +47,10 @@ def result_rows(res: dict[str, Any]) -> list[tuple[str, str]]:
     if g is not None:
         rows.append(("decode graphs", ("on, sizes " + ",".join(map(str, g.get("captured", []))))
                      if g.get("graphs") else "off (eager)"))
+    pg = eng.get("prefill_graphs")
+    if pg is not None:
+        rows.append(("prefill graphs", (f"on, up to {max(pg['token_sizes'])} tokens, {pg.get('replays', 0)} replays"
+                                        if pg.get("graphs") else "off (eager)")))
     return rows
 
 

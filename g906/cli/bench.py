@@ -31,7 +31,7 @@ def _progress(enabled: bool, total: int, label: str):
 
 def run_bench(*, model, recipe, shape, quant, overrides, url, served_model, api_key, prompt_mode, vocab,
               num_requests, prompt_len, output_len, concurrency, request_rate, ignore_eos, temperature, seed,
-              dtype, device, enforce_eager, max_num_seqs, max_model_len, max_num_batched_tokens,
+              dtype, device, enforce_eager, prefill_graphs, max_num_seqs, max_model_len, max_num_batched_tokens,
               gpu_memory_utilization, num_kv_blocks, as_json, no_progress, measure_bandwidth,
               write_gguf=None) -> int:
     from g906.bench.metrics import LengthSpec, Workload
@@ -76,7 +76,8 @@ def run_bench(*, model, recipe, shape, quant, overrides, url, served_model, api_
         loaded, plan = open_model(model=model, recipe=recipe, shape=shape, quant=quant, dtype=dtype,
                                   device=device, overrides=parse_overrides(overrides), seed=seed,
                                   progress=not as_json and not no_progress)
-        engine = make_engine(loaded, wl, plan=plan, enforce_eager=enforce_eager, max_num_seqs=max_num_seqs,
+        engine = make_engine(loaded, wl, plan=plan, enforce_eager=enforce_eager, prefill_graph_tokens=prefill_graphs,
+                             max_num_seqs=max_num_seqs,
                              max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
                              gpu_memory_utilization=gpu_memory_utilization, num_kv_blocks=num_kv_blocks)
         bandwidth = None
@@ -128,6 +129,8 @@ def register(app: typer.Typer) -> None:
         dtype: str = typer.Option("auto", "--dtype", help="Offline compute dtype."),
         device: str | None = typer.Option(None, "--device", help="Offline device: cpu, cuda, cuda:1 ..."),
         enforce_eager: bool = typer.Option(False, "--enforce-eager", help="Offline: no decode graphs."),
+        prefill_graphs: int = typer.Option(0, "--prefill-graphs", min=0,
+                                           help="Offline, GPU: prefill steps of up to N tokens replay graphs (0: eager)."),
         max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", min=1),
         max_model_len: int | None = typer.Option(None, "--max-model-len", min=16),
         max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens", min=16),
@@ -144,7 +147,8 @@ def register(app: typer.Typer) -> None:
             served_model=served_model, api_key=api_key, prompt_mode=prompt_mode, vocab=vocab,
             num_requests=num_requests, prompt_len=prompt_len, output_len=output_len, concurrency=concurrency,
             request_rate=request_rate, ignore_eos=ignore_eos, temperature=temperature, seed=seed, dtype=dtype,
-            device=device, enforce_eager=enforce_eager, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+            device=device, enforce_eager=enforce_eager, prefill_graphs=prefill_graphs, max_num_seqs=max_num_seqs,
+            max_model_len=max_model_len,
             max_num_batched_tokens=max_num_batched_tokens, gpu_memory_utilization=gpu_memory_utilization,
             num_kv_blocks=num_kv_blocks, as_json=as_json, no_progress=no_progress,
             measure_bandwidth=measure_bandwidth, write_gguf=write_gguf))
