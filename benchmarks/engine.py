@@ -214,6 +214,12 @@ def run_rows(args, device: torch.device, out: dict, save) -> None:
         add("9b-f16-prefill512", f"9B F16 prefill {P}", pre, "tok/s", pct=round(100 * pre * fpt / mm, 1),
             detail={"run": r0, "flops_per_token": fpt, "achieved_tflops": round(pre * fpt / 1e12, 1),
                     "decode_row_prefill_tok_s": res["prefill_tok_s"]})
+        pg = getattr(engine.runner, "prefill_graphs", None)
+        if pg is not None and pg.use_graphs:      # the runner's own eager prefill, same process
+            engine.runner.prefill_graphs = None
+            r = run_offline(engine, wl0, warm=False)
+            engine.runner.prefill_graphs = pg
+            out["eager_vs_graphs"]["9b-f16-prefill512-eager"] = r["prefill_tok_s"]
         wl2 = Workload(num_requests=2, prompt_len=LengthSpec(P2, P2), output_len=LengthSpec(1, 1), concurrency=1)
         r2 = run_offline(engine, wl2)
         fpt2 = matmul_flops_per_token(loaded, P2)

@@ -69,6 +69,9 @@ class ModelRunner:
         # short prefill steps replayed from graphs (g906/engine/prefill_graphs.py): GPU, graphs on
         self.prefill_graph_tokens = (min(int(prefill_graph_tokens), max_num_batched_tokens)
                                      if not enforce_eager and self.device.type == "cuda" else 0)
+        if prefill_graph_tokens and self.prefill_graph_tokens < 16:
+            log.warning("prefill graphs off: they need a GPU, graphs on (not enforce_eager) and at "
+                        "least 16 tokens (asked for %d)", prefill_graph_tokens)
         self.sampler = Sampler(self.device, seed=seed)
         pin = self.device.type == "cuda"
         m = max_num_batched_tokens
