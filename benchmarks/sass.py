@@ -1,4 +1,4 @@
-"""Compile a decode GEMV for sm_90 without a GPU and print its registers and instruction mix.
+"""Compile a decode GEMV for sm_90 or gfx908 without a GPU; print its registers and instruction mix.
 
     python benchmarks/sass.py --qtype Q4_K --rows 8 --warps 4          # packed dequant-GEMV
     python benchmarks/sass.py --qtype F16 --rows 8 --block-k 512       # dense fp16 GEMV
@@ -9,6 +9,15 @@ Triton's own ptxas and nvdisasm (shipped in its wheel) turn the kernel into SASS
 runs on any machine: it is how the instruction counts in docs/PERF.md were read (a kernel at
 ~50% of the copy rate that issues ~4 instructions per weight is bound by issue, not memory).
 The pointers and strides are declared 16-byte aligned, as the engine's tensors are.
+
+    python benchmarks/sass.py --target gfx908 --qtype Q4_K --rows 8 --wsplit --one-imm
+
+--target gfx908 compiles for AMD's wave64 GCN ISA instead (Triton's bundled LLVM and lld):
+the nearest target to gfx906 that upstream Triton 3.5 accepts ("unsupported target" for
+gfx906 itself). Their VALU instruction sets match for this code (gfx908 adds matrix cores and
+AGPRs, which a gfx906 lacks: AGPRs in use would be spills there). It prints VGPRs, AGPRs and
+the main loop's vector instructions per weight per lane (a gfx906 issues about 6.6e12 of them
+a second against 1 TB/s). The packed GEMVs get H = 64 threads per warp.
 """
 
 from __future__ import annotations
@@ -30,6 +39,10 @@ PLANE_TYPES = {"Q8_0": ("*fp16", "*fp16"), "Q4_0": ("*fp16", "*fp16"), "Q4_K": (
                "Q5_K": ("*i32", "*i16"), "Q6_K": ("*i8", "*fp16")}
 
 
+def _lanes(args) -> int:
+    return 64 if getattr(args, "target", "sm_90").startswith("gfx") else 32
+
+
 def _kernel_and_signature(args):
     from g906.kernels.linear import kernel as K
 
@@ -48,10 +61,12 @@ def _kernel_and_signature(args):
         a_t, b_t = PLANE_TYPES[args.qtype]
         ptrs = {"x_ptr": "*fp16", "qs_ptr": "*i32", "qh_ptr": "*i32", "out_ptr": "*fp16",
                 "a_ptr": a_t, "b_ptr": b_t, **norm_ptrs}
-        const = dict(QT=K.PQ_QTYPES[args.qtype], E=K.PQ_E[args.qtype], H=32 * args.warps,
+        const = dict(QT=K.PQ_QTYPES[args.qtype], E=K.PQ_E[args.qtype], H=_lanes(args) * args.warps,
                      BLOCK_N=args.rows, BLOCK_T=1, EVEN=True, PREFETCH=args.prefetch,
-                     PAIRS=0 if args.no_pairs else (2 if args.qtype == "Q4_K" else 1),
-                     SILU=False, PDL=args.pdl, WSPLIT=args.wsplit, **norm)
+                     PAIRS=(0 if args.no_pairs else args.pairs if getattr(args, "pairs", None) is not None
+                            else 2 if args.qtype == "Q4_K" else 1),
+                     SILU=False, PDL=args.pdl, WSPLIT=args.wsplit,
+                     ONE_IMM=getattr(args, "one_imm", False), **norm)
     floats = {"eps", "eps_in"}
     names = list(fn.arg_names)
     sig = {a: ptrs.get(a, "constexpr" if a in const else ("fp32" if a in floats else "i32"))
@@ -61,6 +76,52 @@ def _kernel_and_signature(args):
     return fn, sig, {k: v for k, v in const.items() if k in names}, attrs
 
 
+def _weights_per_lane(args) -> int:
+    """Weights one lane decodes per iteration of the main loop (packed: 4 words a row)."""
+    from g906.kernels.linear import kernel as K
+
+    if args.qtype == "F16":
+        return args.rows * args.block_k // (_lanes(args) * args.warps)
+    return args.rows * 4 * K.PQ_E[args.qtype]
+
+
+def _main_loop(asm: str) -> list[str]:
+    """The instructions of the longest backward branch's body (AMDGPU assembly)."""
+    lines = asm.splitlines()
+    labels, best = {}, []
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\.LBB\d+_\d+):", line)
+        if m:
+            labels[m.group(1)] = i
+        m = re.match(r"\s+s_(?:cbranch_\w+|branch)\s+(\.LBB\d+_\d+)", line)
+        if m and labels.get(m.group(1), i) < i:
+            body = [x.split()[0] for x in lines[labels[m.group(1)]:i] if re.match(r"\s+[a-z]+_[a-z0-9_]+", x)]
+            best = body if len(body) > len(best) else best
+    return best
+
+
+def analyse_amd(args, src) -> dict:
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    ck = triton.compile(src, target=GPUTarget("hip", args.target, 64), options={"num_warps": args.warps})
+    asm = ck.asm["amdgcn"]
+
+    def meta(key):
+        m = re.search(re.escape(key) + r":\s+(\d+)", asm)
+        return int(m.group(1)) if m else 0
+
+    loop = _main_loop(asm)
+    valu = [op for op in loop if op.startswith("v_")]
+    mix = collections.Counter(valu)
+    return {"target": args.target, "qtype": args.qtype, "rows": args.rows, "warps": args.warps,
+            "vgprs": meta(".vgpr_count"), "agprs": meta(".agpr_count"),
+            "spill_vgprs": meta(".vgpr_spill_count"), "scratch_bytes": meta(".private_segment_fixed_size"),
+            "loop_instructions": len(loop), "loop_valu": len(valu),
+            "valu_per_weight": round(len(valu) / _weights_per_lane(args), 2) if valu else None,
+            "mix": dict(mix.most_common())}
+
+
 def analyse(args) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -68,6 +129,8 @@ def analyse(args) -> dict:
 
     fn, sig, const, attrs = _kernel_and_signature(args)
     src = ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
+    if args.target != "sm_90":
+        return analyse_amd(args, src)
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": args.warps})
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.TemporaryDirectory() as d:
@@ -95,6 +158,8 @@ def analyse(args) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="sm_90", choices=["sm_90", "gfx908", "gfx90a"],
+                    help="sm_90 (SASS) or an AMD wave64 target (gfx908: the nearest to gfx906)")
     ap.add_argument("--qtype", default="Q4_K", choices=["F16", *PLANE_TYPES])
     ap.add_argument("--rows", type=int, default=8, help="BLOCK_N")
     ap.add_argument("--warps", type=int, default=4)
@@ -103,7 +168,11 @@ def main() -> int:
     ap.add_argument("--wsplit", action="store_true",
                     help="packed: the words of a vector as separate tensors (Q5_K/Q6_K default)")
     ap.add_argument("--no-pairs", action="store_true", help="packed 4-bit: fields one at a time")
+    ap.add_argument("--pairs", type=int, choices=[0, 1, 2], default=None,
+                    help="packed: PAIRS (default 2 for Q4_K, else 1)")
     ap.add_argument("--pdl", action="store_true", help="compile the PDL variant")
+    ap.add_argument("--one-imm", action="store_true",
+                    help="packed: 1.0f's bits as an immediate (ONE_IMM, the ROCm default)")
     ap.add_argument("--add-norm", action="store_true",
                     help="F16: with the residual add and norm weight at the end (producer)")
     ap.add_argument("--rms-in", action="store_true",
@@ -116,6 +185,12 @@ def main() -> int:
     res = analyse(args)
     if args.json:
         print(json.dumps(res))
+        return 0
+    if "vgprs" in res:
+        print(f"{args.target} {res['qtype']} rows={res['rows']} warps={res['warps']}: {res['vgprs']} VGPRs, "
+              f"{res['agprs']} AGPRs, {res['scratch_bytes']} scratch bytes; main loop {res['loop_valu']} VALU "
+              f"of {res['loop_instructions']}, {res['valu_per_weight']} per weight per lane")
+        print("  " + ", ".join(f"{k} {v}" for k, v in list(res["mix"].items())[:12]))
         return 0
     print(f"{res['kernel']} {res['qtype']} rows={res['rows']} warps={res['warps']}: "
           f"{res['registers']} registers, {res['spill_bytes']} bytes spilled, "

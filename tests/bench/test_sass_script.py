@@ -39,3 +39,16 @@ def test_dense_gemv_split_norm_variants():
     producer = _run(*base, "--add-norm")
     assert consumer["mix"]["LDG"] > plain["mix"]["LDG"]
     assert producer["mix"]["STG"] > plain["mix"]["STG"] and producer["mix"]["LDG"] > plain["mix"]["LDG"]
+
+
+def test_gfx908_code_of_the_packed_gemv():
+    """AMD wave64 code (the nearest target to gfx906): with 1.0f as an immediate the field's mask
+    and exponent are one v_and_or_b32, about one VALU instruction less per weight."""
+    base = ("--target", "gfx908", "--qtype", "Q4_0", "--rows", "2", "--warps", "1")
+    reg = _run(*base)
+    imm = _run(*base, "--one-imm")
+    for res in (reg, imm):
+        assert 0 < res["vgprs"] <= 256 and res["scratch_bytes"] == 0 and res["mix"]["v_fma_mix_f32"] > 0
+        assert res["loop_valu"] == sum(res["mix"].values()) <= res["loop_instructions"]
+    assert "v_and_or_b32" not in reg["mix"] and imm["mix"]["v_and_or_b32"] > 0
+    assert imm["valu_per_weight"] <= reg["valu_per_weight"] - 0.9
