@@ -578,8 +578,10 @@ PQ_E = {"Q8_0": 4, "Q4_0": 8, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8}      # elements p
 @triton.jit
 def _pq_field(words, hi, J: tl.constexpr, QT: tl.constexpr, one):
     """Field J of every word (Q5_K/Q6_K: with its high bits) as a float in [1, 2).
-    `one` = 0x3F800000 (1.0f) passed at run time, so the mask and the exponent fold into a
-    single and-or (LOP3 on NVIDIA, v_and_or_b32 on gfx9) instead of two immediates."""
+    `one` = 0x3F800000 (1.0f): passed at run time on NVIDIA, where the mask and the exponent
+    then fold into one LOP3 (two immediates would not); an immediate on gfx9 (ONE_IMM), where
+    1.0f is an inline constant, so the literal mask and it fit v_and_or_b32's one constant-bus
+    operand (a run-time `one` would be a second: an and and an or)."""
     if QT == 0:  # int8: q + 128 (sign bit flipped) as 8 bits under the exponent
         m8 = one ^ (128 << 15)
         f = (((words >> (8 * J)) << 15) & (255 << 15)) ^ m8             # 1 + (q + 128) / 256
@@ -880,7 +882,7 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr,
                     PREFETCH: tl.constexpr = False, PAIRS: tl.constexpr = 1,
                     SILU: tl.constexpr = False, PDL: tl.constexpr = False,
-                    WSPLIT: tl.constexpr = False):
+                    WSPLIT: tl.constexpr = False, ONE_IMM: tl.constexpr = False):
     """out[t, n] (or split-K partial pid_k) = x[t] . w[n] over words [pid_k * kw_len, +kw_len).
 
     H = threads per program. Tiles are [H, BLOCK_T, BLOCK_N, 4] with the vector axis first,
@@ -896,10 +898,13 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
     instead of one per word: no reduction over the words, and fewer registers (sm_90: Q4_K 8
     rows 128 -> 96, Q6_K 4 rows 128 -> 72), which pays for Q5_K/Q6_K; Q8_0 is as fast without.
     SILU: x rows hold [gate | up] (K apart), the GEMV runs on silu(gate) * up (_pq_x).
+    ONE_IMM: 1.0f's bits as an immediate instead of the run-time `one` (gfx9: _pq_field).
     Under PREFETCH the first iteration's weight planes are loaded before the PDL wait (they
     are constants: their stream starts while the kernel before finishes)."""
     KX = KW * E
     EV: tl.constexpr = 4 * E
+    if ONE_IMM:
+        one = 0x3F800000
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     nn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -1159,9 +1164,9 @@ def _pq_gemv_config(T, N, K, qtype, device):
 @functools.lru_cache(maxsize=4096)
 def _pq_gemv_config_cached(T, N, K, qtype, device):
     """BLOCK_N rows per program (rows live in registers: each thread reuses its activations for
-    all of them and keeps BLOCK_N 16-byte loads in flight), num_warps, PREFETCH, PAIRS and a
-    split of K. CUDA, T = 1: _pq_cuda_decode. ROCm (wave64, 256 VGPRs per lane and SIMD;
-    unmeasured): 4 rows, Q5_K/Q6_K half that many."""
+    all of them and keeps BLOCK_N 16-byte loads in flight), num_warps, PREFETCH, PAIRS, WSPLIT,
+    ONE_IMM and a split of K. CUDA, T = 1: _pq_cuda_decode. ROCm (wave64, 256 VGPRs per lane
+    and SIMD): T = 1 _pq_rocm_decode, else 2 rows (Q5_K/Q6_K 1); 1.0f as an immediate."""
     bt = next_pow2(T)
     wide = qtype in ("Q5_K", "Q6_K")          # two planes per element: more registers
     kw = K // PQ_E[qtype]
@@ -1171,8 +1176,11 @@ def _pq_gemv_config_cached(T, N, K, qtype, device):
     fit = next((w for w in (4, 2, 1) if kw % (4 * ws * w) == 0), 4)
     rocm = is_rocm()
     prefetch, pairs, wsplit = False, 1, wide
-    if rocm:
-        block_n = max(1, {1: 4, 2: 2}.get(bt, 1) // (2 if wide else 1))
+    if rocm and bt == 1:
+        block_n, pairs, wsplit = _pq_rocm_decode(qtype)
+        warps = fit
+    elif rocm:
+        block_n = max(1, {2: 2}.get(bt, 1) // (2 if wide else 1))
         warps = fit
     elif bt == 1:
         block_n, warps, prefetch, pairs, wsplit = _pq_cuda_decode(qtype, N, num_sms(device))
@@ -1188,7 +1196,27 @@ def _pq_gemv_config_cached(T, N, K, qtype, device):
            and (kw // (split * 2)) % (4 * ws * warps) == 0 and kw // (split * 2) >= 1024):
         split *= 2
     return dict(BLOCK_N=block_n, num_warps=warps, SPLIT=split, PREFETCH=prefetch, PAIRS=pairs,
-                WSPLIT=wsplit)
+                WSPLIT=wsplit, ONE_IMM=rocm)
+
+
+def _pq_rocm_decode(qtype):
+    """(rows, PAIRS, WSPLIT) of a T = 1 GEMV on ROCm. Not measured on a gfx906: chosen from the
+    compiled gfx908 code (benchmarks/sass.py --target gfx908, docs/PERF.md "gfx9 code"), the
+    nearest target upstream Triton 3.5 compiles, with gfx906's wave64 VALU and 256 VGPRs.
+    A gfx906 issues 64 lanes x 60 CUs per clock, about 6.6e12 lane-instructions/s against 1 TB/s,
+    so a 4.5-bit Q4_K weight may cost at most ~3.7 VALU instructions before issue, not memory,
+    bounds the GEMV (Q5_K ~4.5, Q6_K ~5.4, Q8_0 ~7). Per weight, with ONE_IMM:
+    - Q4_K: 8 rows, scales folded, words split: 3.61 (4 rows unsplit: 4.35), 126 VGPRs;
+    - Q4_0: 8 rows, words split: 3.66 (4 rows: 3.98), 124 VGPRs;
+    - Q5_K: 4 rows, split: 5.33 (2 rows: 6.09), 94 VGPRs; Q6_K: 4 rows: 5.53 (2: 6.34), 104;
+    - Q8_0: 4 rows, split: 4.91 against 5.14 unsplit, with 55 VGPRs instead of 97.
+    All stay at or under 128 VGPRs: two waves per SIMD, each keeping rows x 16 bytes per lane in
+    flight."""
+    if qtype == "Q4_K":
+        return 8, 2, True
+    if qtype == "Q4_0":
+        return 8, 1, True
+    return 4, 1, True
 
 
 def _pq_cuda_decode(qtype, N, sms):
@@ -1270,7 +1298,8 @@ def packed_matmul(x, pw, *, silu=False, **cfg):
             x, qs, qh, a, b, dst, N, T, KW, x.stride(0), qs.stride(0), qh.stride(0),
             a.stride(0), b.stride(0), dst.stride(-2), so_split, kw_len, 0x3F800000,
             QT=QT, E=E, H=H, BLOCK_N=BN, BLOCK_T=bt, EVEN=even, PREFETCH=prefetch,
-            PAIRS=c["PAIRS"], SILU=silu, WSPLIT=c["WSPLIT"], num_warps=warps,
+            PAIRS=c["PAIRS"], SILU=silu, WSPLIT=c["WSPLIT"], ONE_IMM=c.get("ONE_IMM", False),
+            num_warps=warps,
             **pdl_args(x.device))
         if split > 1:
             torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))

@@ -70,6 +70,8 @@ def test_packed_linear(qtype, T):
                                    (3, dict(H=8, BLOCK_N=4, WSPLIT=False)),
                                    (3, dict(H=8, BLOCK_N=4, WSPLIT=True, PREFETCH=True)),
                                    (2, dict(H=4, BLOCK_N=2, PAIRS=2, SPLIT=3)),
+                                   (1, dict(H=8, BLOCK_N=4, ONE_IMM=True)),  # 1.0f immediate (ROCm)
+                                   (3, dict(H=8, BLOCK_N=8, PAIRS=2, WSPLIT=True, ONE_IMM=True)),
                                    (2, dict(H=8, SPLIT=2, BLOCK_N=2)),       # split K, even
                                    (5, dict(H=4, SPLIT=3, BLOCK_N=4))])      # split K, tails
 def test_packed_gemv_configs(qtype, T, cfg):
@@ -197,3 +199,32 @@ def test_packed_to_dense_and_the_prefill_path(qtype, monkeypatch):
         monkeypatch.setattr(kernel, "DEQUANT_CHUNK", chunk)
         out = torch.empty((24, N), dtype=torch.float16, device=DEVICE)
         assert_close(kernel._pq_dequant_matmul(x, p, out), ref)
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_rocm_decode_configs(qtype, monkeypatch):
+    """ROCm's batch-1 configs (kernels/linear/kernel.py _pq_rocm_decode, chosen from gfx908 code)
+    on a mocked wave64 device, then run (with fewer threads) in the interpreter."""
+    from g906.kernels.linear import kernel as K
+
+    monkeypatch.setattr(K, "is_rocm", lambda: True)
+    monkeypatch.setattr(K, "warp_size", lambda device: 64)
+    K._pq_gemv_config_cached.cache_clear()
+    try:                  # (the cache is keyed by device: CPU calls must not keep ROCm configs)
+        c = K._pq_gemv_config(1, 4096, 4096, qtype, torch.device("cpu"))
+        c2 = K._pq_gemv_config(2, 4096, 4096, qtype, torch.device("cpu"))
+        rows, pairs, wsplit = {"Q4_K": (8, 2, True), "Q4_0": (8, 1, True)}.get(qtype, (4, 1, True))
+        # warps: the most whose iteration (4 words x 64 lanes each) divides K's words
+        warps = 4 if qtype == "Q8_0" else 2
+        assert (c["BLOCK_N"], c["PAIRS"], c["WSPLIT"], c["ONE_IMM"], c["num_warps"]) == (rows, pairs, wsplit,
+                                                                                        True, warps)
+        assert c2["ONE_IMM"] and c2["BLOCK_N"] == (1 if qtype in ("Q5_K", "Q6_K") else 2)
+        g = torch.Generator().manual_seed(55)
+        N, K_ = 13, 768
+        w = qweight(N, K_, qtype, 9)
+        p = repack.pack(w.data, qtype, w.shape)
+        x = randn(1, K_, gen=g)
+        cfg = {k: c[k] for k in ("BLOCK_N", "PAIRS", "WSPLIT", "ONE_IMM")}
+        assert_close(packed_call(x, p, H=8, **cfg), registry.call_reference("linear", x, w))
+    finally:
+        K._pq_gemv_config_cached.cache_clear()
