@@ -242,6 +242,8 @@ def bench_linear_quant(quick):
                              [dict(base, PAIRS=0)] if qt == "Q4_0" else [])
                     if qt in ("Q8_0", "Q4_0", "Q5_K"):
                         extra.append(dict(base, WSPLIT=not base["WSPLIT"]))
+                    if torch.version.hip:   # the gfx9 code choices (docs/PERF.md "gfx9 code")
+                        extra += [dict(base, ONE_IMM=False, CVT=False), dict(base, CVT=False)]
                     for cfg in (sweep + extra if T == 1 else sweep_dot):
                         try:
                             res.append((run_new(cfg), cfg))

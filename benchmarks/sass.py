@@ -66,7 +66,7 @@ def _kernel_and_signature(args):
                      PAIRS=(0 if args.no_pairs else args.pairs if getattr(args, "pairs", None) is not None
                             else 2 if args.qtype == "Q4_K" else 1),
                      SILU=False, PDL=args.pdl, WSPLIT=args.wsplit,
-                     ONE_IMM=getattr(args, "one_imm", False), **norm)
+                     ONE_IMM=getattr(args, "one_imm", False), CVT=getattr(args, "cvt", False), **norm)
     floats = {"eps", "eps_in"}
     names = list(fn.arg_names)
     sig = {a: ptrs.get(a, "constexpr" if a in const else ("fp32" if a in floats else "i32"))
@@ -168,6 +168,8 @@ def main() -> int:
     ap.add_argument("--wsplit", action="store_true",
                     help="packed: the words of a vector as separate tensors (Q5_K/Q6_K default)")
     ap.add_argument("--no-pairs", action="store_true", help="packed 4-bit: fields one at a time")
+    ap.add_argument("--cvt", action="store_true",
+                    help="packed Q8_0/Q5_K/Q6_K: fields converted from their bytes (CVT)")
     ap.add_argument("--pairs", type=int, choices=[0, 1, 2], default=None,
                     help="packed: PAIRS (default 2 for Q4_K, else 1)")
     ap.add_argument("--pdl", action="store_true", help="compile the PDL variant")

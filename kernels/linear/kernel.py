@@ -576,12 +576,21 @@ PQ_E = {"Q8_0": 4, "Q4_0": 8, "Q4_K": 8, "Q5_K": 8, "Q6_K": 8}      # elements p
 
 
 @triton.jit
-def _pq_field(words, hi, J: tl.constexpr, QT: tl.constexpr, one):
+def _pq_field(words, hi, J: tl.constexpr, QT: tl.constexpr, one, CVT: tl.constexpr = False):
     """Field J of every word (Q5_K/Q6_K: with its high bits) as a float in [1, 2).
     `one` = 0x3F800000 (1.0f): passed at run time on NVIDIA, where the mask and the exponent
     then fold into one LOP3 (two immediates would not); an immediate on gfx9 (ONE_IMM), where
     1.0f is an inline constant, so the literal mask and it fit v_and_or_b32's one constant-bus
     operand (a run-time `one` would be a second: an and and an or)."""
+    if CVT and QT != 1 and QT != 2:   # a byte per field: the byte itself as a float (_pq_cvt)
+        if QT == 0:
+            c = words
+        elif J % 2 == 0:
+            c = words
+        else:
+            c = hi
+        B: tl.constexpr = J if QT == 0 else J // 2
+        return ((c >> (8 * B)) & 255).to(tl.float32)
     if QT == 0:  # int8: q + 128 (sign bit flipped) as 8 bits under the exponent
         m8 = one ^ (128 << 15)
         f = (((words >> (8 * J)) << 15) & (255 << 15)) ^ m8             # 1 + (q + 128) / 256
@@ -687,10 +696,15 @@ def _d_dmin(dm):
 
 
 @triton.jit
-def _pq_scale_values(ra, rb, QT: tl.constexpr):
+def _pq_scale_values(ra, rb, QT: tl.constexpr, CVT: tl.constexpr = False):
     """(A, B) fp32 [H, BN] from _pq_scale_raw's values: dot(w, x) over a vector (Q6_K: over the
-    half whose scale ra is) = A * sum(f * x) + B * sum(x)."""
-    if QT == 0:    # q = 256 f - 384
+    half whose scale ra is) = A * sum(f * x) + B * sum(x). CVT (Q8_0, Q5_K, Q6_K): f is the
+    field's byte as an integer (Q8_0: q + 128), not 1 + q / 2^bits."""
+    if QT == 0 and CVT:    # q = f - 128
+        d = ra.to(tl.float32)
+        A = d
+        B = -128.0 * d
+    elif QT == 0:    # q = 256 f - 384
         d = ra.to(tl.float32)
         A = 256.0 * d
         B = -384.0 * d
@@ -706,14 +720,21 @@ def _pq_scale_values(ra, rb, QT: tl.constexpr):
         if QT == 2:
             A = 16.0 * ds
             B = -16.0 * ds - dmin * m
+        elif CVT:             # Q5_K q = f
+            A = ds
+            B = -dmin * m
         else:
             A = 32.0 * ds
             B = -32.0 * ds - dmin * m
     else:          # Q6_K: q - 32 = 64 f - 96, one int8 scale per 16 elements
         sc = _small_int_f32(ra.to(tl.int32) + 128) - 128.0
         ds = rb.to(tl.float32) * sc
-        A = 64.0 * ds
-        B = -96.0 * ds
+        if CVT:               # q - 32 = f - 32
+            A = ds
+            B = -32.0 * ds
+        else:
+            A = 64.0 * ds
+            B = -96.0 * ds
     return A, B
 
 
@@ -774,28 +795,30 @@ def _nibble_pair_fma(p, words, J: tl.constexpr, x0, x1, one):
 
 
 @triton.jit
-def _field_fma(p, words, hi, J: tl.constexpr, x, QT: tl.constexpr, one):
+def _field_fma(p, words, hi, J: tl.constexpr, x, QT: tl.constexpr, one, CVT: tl.constexpr = False):
     """p + field J of every row's word(s) (_pq_field) times its activation."""
-    return p + _pq_field(words, hi, J, QT, one)[:, None] * x
+    return p + _pq_field(words, hi, J, QT, one, CVT)[:, None] * x
 
 
 @triton.jit
 def _split_field_fma(p, c0, c1, c2, c3, h0, h1, h2, h3, J: tl.constexpr, x0, x1, x2, x3,
-                     QT: tl.constexpr, one):
+                     QT: tl.constexpr, one, CVT: tl.constexpr):
     """_field_fma over the 4 split words of a vector and their activations."""
-    p = _field_fma(p, c0, h0, J, x0, QT, one)
-    p = _field_fma(p, c1, h1, J, x1, QT, one)
-    p = _field_fma(p, c2, h2, J, x2, QT, one)
-    return _field_fma(p, c3, h3, J, x3, QT, one)
+    p = _field_fma(p, c0, h0, J, x0, QT, one, CVT)
+    p = _field_fma(p, c1, h1, J, x1, QT, one, CVT)
+    p = _field_fma(p, c2, h2, J, x2, QT, one, CVT)
+    return _field_fma(p, c3, h3, J, x3, QT, one, CVT)
 
 
 @triton.jit
 def _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w3, one,
                    QT: tl.constexpr, E: tl.constexpr, H: tl.constexpr, BLOCK_T: tl.constexpr,
                    BLOCK_N: tl.constexpr, PAIRS: tl.constexpr, SILU: tl.constexpr,
-                   WSPLIT: tl.constexpr):
+                   WSPLIT: tl.constexpr, CVT: tl.constexpr):
     """acc [H, BT, BN] + each thread's vector of every row (words [H, BN, 4], high bits,
     raw scales) dotted with its activations (_pq_gemv_kernel's loop body after the loads)."""
+    if QT == 0 and CVT:
+        words = words ^ -2139062144         # 0x80808080: q + 128 in each byte, unsigned
     if QT == 3:
         words, hi = _q5_bytes(words, hi, w3)
     if QT == 4:
@@ -803,9 +826,9 @@ def _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w
     if QT == 2 and PAIRS == 2:
         DS, DM = _q4k_values(ra, rb)
     else:
-        A, B = _pq_scale_values(ra, rb, QT)
+        A, B = _pq_scale_values(ra, rb, QT, CVT)
     if QT == 4:
-        A1, B1 = _pq_scale_values(ra1, rb, QT)
+        A1, B1 = _pq_scale_values(ra1, rb, QT, CVT)
     if QT == 2 and PAIRS == 2:
         # Q4_K, fields two at a time as below, with the scales folded: the f = 1 parts of
         # the sums (16 x for even fields, x for odd: M) and sum(x) (X) are per thread, shared
@@ -842,10 +865,10 @@ def _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w
             sj = (x0 + x1) + (x2 + x3)
             if QT == 4 and j >= 4:
                 X1 += sj
-                q = _split_field_fma(q, c0, c1, c2, c3, h0, h1, h2, h3, j, x0, x1, x2, x3, QT, one)
+                q = _split_field_fma(q, c0, c1, c2, c3, h0, h1, h2, h3, j, x0, x1, x2, x3, QT, one, CVT)
             else:
                 X += sj
-                p = _split_field_fma(p, c0, c1, c2, c3, h0, h1, h2, h3, j, x0, x1, x2, x3, QT, one)
+                p = _split_field_fma(p, c0, c1, c2, c3, h0, h1, h2, h3, j, x0, x1, x2, x3, QT, one, CVT)
         acc += A[:, None] * p + B[:, None] * X
         if QT == 4:
             acc += A1[:, None] * q + B1[:, None] * X1
@@ -869,7 +892,7 @@ def _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w
         else:
             for j in tl.static_range(E):
                 xj = _pq_x(x_ptr, xrow + k0 + xoff + 4 * j, xm, KX, SILU)
-                p = _field_fma(p, words, hi, j, xj, QT, one)
+                p = _field_fma(p, words, hi, j, xj, QT, one, CVT)
                 xs += xj
         acc += A[:, None] * tl.sum(p, axis=3) + B[:, None] * tl.sum(xs, axis=3)
     return acc
@@ -882,7 +905,8 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr,
                     PREFETCH: tl.constexpr = False, PAIRS: tl.constexpr = 1,
                     SILU: tl.constexpr = False, PDL: tl.constexpr = False,
-                    WSPLIT: tl.constexpr = False, ONE_IMM: tl.constexpr = False):
+                    WSPLIT: tl.constexpr = False, ONE_IMM: tl.constexpr = False,
+                    CVT: tl.constexpr = False):
     """out[t, n] (or split-K partial pid_k) = x[t] . w[n] over words [pid_k * kw_len, +kw_len).
 
     H = threads per program. Tiles are [H, BLOCK_T, BLOCK_N, 4] with the vector axis first,
@@ -899,6 +923,8 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
     rows 128 -> 96, Q6_K 4 rows 128 -> 72), which pays for Q5_K/Q6_K; Q8_0 is as fast without.
     SILU: x rows hold [gate | up] (K apart), the GEMV runs on silu(gate) * up (_pq_x).
     ONE_IMM: 1.0f's bits as an immediate instead of the run-time `one` (gfx9: _pq_field).
+    CVT: Q8_0 / Q5_K / Q6_K fields converted from their bytes (v_cvt_f32_ubyteN on gfx9, full
+    rate there; a quarter-rate I2F on NVIDIA), one instruction per field.
     Under PREFETCH the first iteration's weight planes are loaded before the PDL wait (they
     are constants: their stream starts while the kernel before finishes)."""
     KX = KW * E
@@ -953,7 +979,7 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
                 vs = tl.where(kw + v2 * 4 < kwend, v2, 0)  # masked vectors' terms are 0 anyway
             ra, rb, ra1 = _pq_scale_raw(a_ptr, b_ptr, n2, sa, sb, k0, vs, QT)
         acc = _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w3, one,
-                             QT, E, H, BLOCK_T, BLOCK_N, PAIRS, SILU, WSPLIT)
+                             QT, E, H, BLOCK_T, BLOCK_N, PAIRS, SILU, WSPLIT, CVT)
     res = tl.sum(acc, axis=0)                                               # [BT, BN]
     optr = out_ptr + pid_k * so_split + tt[:, None] * so + nn[None, :]
     tl.store(optr, res.to(out_ptr.dtype.element_ty), mask=(tt[:, None] < T) & nmask[None, :])
@@ -1165,8 +1191,9 @@ def _pq_gemv_config(T, N, K, qtype, device):
 def _pq_gemv_config_cached(T, N, K, qtype, device):
     """BLOCK_N rows per program (rows live in registers: each thread reuses its activations for
     all of them and keeps BLOCK_N 16-byte loads in flight), num_warps, PREFETCH, PAIRS, WSPLIT,
-    ONE_IMM and a split of K. CUDA, T = 1: _pq_cuda_decode. ROCm (wave64, 256 VGPRs per lane
-    and SIMD): T = 1 _pq_rocm_decode, else 2 rows (Q5_K/Q6_K 1); 1.0f as an immediate."""
+    ONE_IMM, CVT and a split of K. CUDA, T = 1: _pq_cuda_decode. ROCm (wave64, 256 VGPRs per
+    lane and SIMD): T = 1 _pq_rocm_decode, else 2 rows (Q5_K/Q6_K 1); 1.0f as an immediate and
+    byte fields converted (full-rate conversions on GCN)."""
     bt = next_pow2(T)
     wide = qtype in ("Q5_K", "Q6_K")          # two planes per element: more registers
     kw = K // PQ_E[qtype]
@@ -1196,7 +1223,7 @@ def _pq_gemv_config_cached(T, N, K, qtype, device):
            and (kw // (split * 2)) % (4 * ws * warps) == 0 and kw // (split * 2) >= 1024):
         split *= 2
     return dict(BLOCK_N=block_n, num_warps=warps, SPLIT=split, PREFETCH=prefetch, PAIRS=pairs,
-                WSPLIT=wsplit, ONE_IMM=rocm)
+                WSPLIT=wsplit, ONE_IMM=rocm, CVT=rocm)
 
 
 def _pq_rocm_decode(qtype):
@@ -1208,8 +1235,9 @@ def _pq_rocm_decode(qtype):
     bounds the GEMV (Q5_K ~4.5, Q6_K ~5.4, Q8_0 ~7). Per weight, with ONE_IMM:
     - Q4_K: 8 rows, scales folded, words split: 3.61 (4 rows unsplit: 4.35), 126 VGPRs;
     - Q4_0: 8 rows, words split: 3.66 (4 rows: 3.98), 124 VGPRs;
-    - Q5_K: 4 rows, split: 5.33 (2 rows: 6.09), 94 VGPRs; Q6_K: 4 rows: 5.53 (2: 6.34), 104;
-    - Q8_0: 4 rows, split: 4.91 against 5.14 unsplit, with 55 VGPRs instead of 97.
+    - Q5_K: 4 rows, split, CVT: 4.28 (2 rows without CVT: 6.09), 94 VGPRs;
+    - Q6_K: 4 rows, CVT: 4.47 (2 rows without: 6.34), 104 VGPRs;
+    - Q8_0: 4 rows, split, CVT: 3.59 (unsplit without: 5.14), 55 VGPRs instead of 97.
     All stay at or under 128 VGPRs: two waves per SIMD, each keeping rows x 16 bytes per lane in
     flight."""
     if qtype == "Q4_K":
@@ -1299,7 +1327,7 @@ def packed_matmul(x, pw, *, silu=False, **cfg):
             a.stride(0), b.stride(0), dst.stride(-2), so_split, kw_len, 0x3F800000,
             QT=QT, E=E, H=H, BLOCK_N=BN, BLOCK_T=bt, EVEN=even, PREFETCH=prefetch,
             PAIRS=c["PAIRS"], SILU=silu, WSPLIT=c["WSPLIT"], ONE_IMM=c.get("ONE_IMM", False),
-            num_warps=warps,
+            CVT=c.get("CVT", False), num_warps=warps,
             **pdl_args(x.device))
         if split > 1:
             torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))

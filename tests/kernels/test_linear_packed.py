@@ -72,6 +72,8 @@ def test_packed_linear(qtype, T):
                                    (2, dict(H=4, BLOCK_N=2, PAIRS=2, SPLIT=3)),
                                    (1, dict(H=8, BLOCK_N=4, ONE_IMM=True)),  # 1.0f immediate (ROCm)
                                    (3, dict(H=8, BLOCK_N=8, PAIRS=2, WSPLIT=True, ONE_IMM=True)),
+                                   (1, dict(H=8, BLOCK_N=4, CVT=True, WSPLIT=True)),  # bytes converted
+                                   (3, dict(H=8, BLOCK_N=4, CVT=True, WSPLIT=False, ONE_IMM=True)),
                                    (2, dict(H=8, SPLIT=2, BLOCK_N=2)),       # split K, even
                                    (5, dict(H=4, SPLIT=3, BLOCK_N=4))])      # split K, tails
 def test_packed_gemv_configs(qtype, T, cfg):
@@ -216,15 +218,15 @@ def test_rocm_decode_configs(qtype, monkeypatch):
         rows, pairs, wsplit = {"Q4_K": (8, 2, True), "Q4_0": (8, 1, True)}.get(qtype, (4, 1, True))
         # warps: the most whose iteration (4 words x 64 lanes each) divides K's words
         warps = 4 if qtype == "Q8_0" else 2
-        assert (c["BLOCK_N"], c["PAIRS"], c["WSPLIT"], c["ONE_IMM"], c["num_warps"]) == (rows, pairs, wsplit,
-                                                                                        True, warps)
+        assert (c["BLOCK_N"], c["PAIRS"], c["WSPLIT"], c["ONE_IMM"], c["CVT"], c["num_warps"]) == (
+            rows, pairs, wsplit, True, True, warps)
         assert c2["ONE_IMM"] and c2["BLOCK_N"] == (1 if qtype in ("Q5_K", "Q6_K") else 2)
         g = torch.Generator().manual_seed(55)
         N, K_ = 13, 768
         w = qweight(N, K_, qtype, 9)
         p = repack.pack(w.data, qtype, w.shape)
         x = randn(1, K_, gen=g)
-        cfg = {k: c[k] for k in ("BLOCK_N", "PAIRS", "WSPLIT", "ONE_IMM")}
+        cfg = {k: c[k] for k in ("BLOCK_N", "PAIRS", "WSPLIT", "ONE_IMM", "CVT")}
         assert_close(packed_call(x, p, H=8, **cfg), registry.call_reference("linear", x, w))
     finally:
         K._pq_gemv_config_cached.cache_clear()
