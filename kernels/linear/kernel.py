@@ -1205,7 +1205,9 @@ def _pq_gemv_config_cached(T, N, K, qtype, device):
     prefetch, pairs, wsplit = False, 1, wide
     if rocm and bt == 1:
         block_n, pairs, wsplit = _pq_rocm_decode(qtype)
-        warps = fit
+        # Q4_K's 8 rows take 134 VGPRs at 2 warps against 126 at 1 or 4 (gfx908 code): one
+        # wave per SIMD instead of two
+        warps = 1 if qtype == "Q4_K" and fit == 2 else fit
     elif rocm:
         block_n = max(1, {2: 2}.get(bt, 1) // (2 if wide else 1))
         warps = fit
