@@ -34,7 +34,7 @@ import tempfile
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 # arguments the engine always passes 16-byte aligned / divisible by 16
-ALIGNED = {"sq", "sh", "sa", "sb", "KW", "kw_len", "K", "sw_n", "sx_t", "so_t", "P_in"}
+ALIGNED = {"sq", "sh", "sa", "sb", "KW", "kw_len", "K", "sw_n", "sx_t", "so_t", "P_in", "sx", "so"}
 PLANE_TYPES = {"Q8_0": ("*fp16", "*fp16"), "Q4_0": ("*fp16", "*fp16"), "Q4_K": ("*i32", "*i16"),
                "Q5_K": ("*i32", "*i16"), "Q6_K": ("*i8", "*fp16")}
 
@@ -62,11 +62,12 @@ def _kernel_and_signature(args):
         ptrs = {"x_ptr": "*fp16", "qs_ptr": "*i32", "qh_ptr": "*i32", "out_ptr": "*fp16",
                 "a_ptr": a_t, "b_ptr": b_t, **norm_ptrs}
         const = dict(QT=K.PQ_QTYPES[args.qtype], E=K.PQ_E[args.qtype], H=_lanes(args) * args.warps,
-                     BLOCK_N=args.rows, BLOCK_T=1, EVEN=True, PREFETCH=args.prefetch,
+                     BLOCK_N=args.rows, BLOCK_T=getattr(args, "tokens", 1), EVEN=True, PREFETCH=args.prefetch,
                      PAIRS=(0 if args.no_pairs else args.pairs if getattr(args, "pairs", None) is not None
                             else 2 if args.qtype == "Q4_K" else 1),
                      SILU=False, PDL=args.pdl, WSPLIT=args.wsplit,
-                     ONE_IMM=getattr(args, "one_imm", False), CVT=getattr(args, "cvt", False), **norm)
+                     ONE_IMM=getattr(args, "one_imm", False), CVT=getattr(args, "cvt", False),
+                     TOKEN_BLOCKS=False, **norm)
     floats = {"eps", "eps_in"}
     names = list(fn.arg_names)
     sig = {a: ptrs.get(a, "constexpr" if a in const else ("fp32" if a in floats else "i32"))
@@ -168,6 +169,7 @@ def main() -> int:
     ap.add_argument("--wsplit", action="store_true",
                     help="packed: the words of a vector as separate tensors (Q5_K/Q6_K default)")
     ap.add_argument("--no-pairs", action="store_true", help="packed 4-bit: fields one at a time")
+    ap.add_argument("--tokens", type=int, default=1, help="packed: BLOCK_T, tokens per program (decode batch)")
     ap.add_argument("--cvt", action="store_true",
                     help="packed Q8_0/Q5_K/Q6_K: fields converted from their bytes (CVT)")
     ap.add_argument("--pairs", type=int, choices=[0, 1, 2], default=None,

@@ -906,8 +906,9 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
                     PREFETCH: tl.constexpr = False, PAIRS: tl.constexpr = 1,
                     SILU: tl.constexpr = False, PDL: tl.constexpr = False,
                     WSPLIT: tl.constexpr = False, ONE_IMM: tl.constexpr = False,
-                    CVT: tl.constexpr = False):
-    """out[t, n] (or split-K partial pid_k) = x[t] . w[n] over words [pid_k * kw_len, +kw_len).
+                    CVT: tl.constexpr = False, TOKEN_BLOCKS: tl.constexpr = False):
+    """out[t, n] (or split-K partial pid_k) = x[t] . w[n] over words [pid_k * kw_len, +kw_len),
+    for the BLOCK_T tokens of block program_id(2) (TOKEN_BLOCKS: there are several).
 
     H = threads per program. Tiles are [H, BLOCK_T, BLOCK_N, 4] with the vector axis first,
     so Triton puts every thread on it and keeps tokens, rows and the 4 words of a vector in
@@ -942,6 +943,11 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
     w3 = tl.arange(0, 4)[None, None, :]               # [1, 1, 4]
     v2 = v[:, None]                                   # [H, 1]
     n2 = nc[None, :]                                  # [1, BN]
+    if TOKEN_BLOCKS:   # (a compile-time switch: the offset would cost the pointers' alignment)
+        t0 = tl.program_id(2) * BLOCK_T               # this program's first token
+        x_ptr += t0 * sx
+        out_ptr += t0 * so
+        T -= t0
     tt = tl.arange(0, BLOCK_T)
     t4 = tt[None, :, None, None]                      # [1, BT, 1, 1]
     xoff = v3[:, None] * EV + w3[:, None]             # [H, 1, 1, 4]: field 0 of each word
@@ -1192,8 +1198,8 @@ def _pq_gemv_config_cached(T, N, K, qtype, device):
     """BLOCK_N rows per program (rows live in registers: each thread reuses its activations for
     all of them and keeps BLOCK_N 16-byte loads in flight), num_warps, PREFETCH, PAIRS, WSPLIT,
     ONE_IMM, CVT and a split of K. CUDA, T = 1: _pq_cuda_decode. ROCm (wave64, 256 VGPRs per
-    lane and SIMD): T = 1 _pq_rocm_decode, else 2 rows (Q5_K/Q6_K 1); 1.0f as an immediate and
-    byte fields converted (full-rate conversions on GCN)."""
+    lane and SIMD): T = 1 _pq_rocm_decode, else blocks of up to 4 tokens (BLOCK_T); 1.0f as an
+    immediate and byte fields converted (full-rate conversions on GCN)."""
     bt = next_pow2(T)
     wide = qtype in ("Q5_K", "Q6_K")          # two planes per element: more registers
     kw = K // PQ_E[qtype]
@@ -1202,15 +1208,19 @@ def _pq_gemv_config_cached(T, N, K, qtype, device):
     # tail (27B: K = 5120, 17408 are 5 and 17 times 1024 elements)
     fit = next((w for w in (4, 2, 1) if kw % (4 * ws * w) == 0), 4)
     rocm = is_rocm()
-    prefetch, pairs, wsplit = False, 1, wide
+    prefetch, pairs, wsplit, block_t = False, 1, wide, bt
     if rocm and bt == 1:
         block_n, pairs, wsplit = _pq_rocm_decode(qtype)
         # Q4_K's 8 rows take 134 VGPRs at 2 warps against 126 at 1 or 4 (gfx908 code): one
         # wave per SIMD instead of two
         warps = 1 if qtype == "Q4_K" and fit == 2 else fit
     elif rocm:
-        block_n = max(1, {2: 2}.get(bt, 1) // (2 if wide else 1))
-        warps = fit
+        # at most 4 tokens a program, more token blocks beyond: from 8 tokens on the gfx908 code
+        # uses AGPRs (spills on a gfx906, which has none) and at 16 scratch; 2 tokens x 4 rows
+        # or 4 x 2 take 88-133 VGPRs and ~3 VALU instructions per weight and token
+        # (docs/PERF.md "gfx9 code")
+        block_n = 4 if bt == 2 else 2
+        warps, wsplit, block_t = fit, True, min(bt, 4)
     elif bt == 1:
         block_n, warps, prefetch, pairs, wsplit = _pq_cuda_decode(qtype, N, num_sms(device))
         warps = min(warps, fit)
@@ -1225,7 +1235,7 @@ def _pq_gemv_config_cached(T, N, K, qtype, device):
            and (kw // (split * 2)) % (4 * ws * warps) == 0 and kw // (split * 2) >= 1024):
         split *= 2
     return dict(BLOCK_N=block_n, num_warps=warps, SPLIT=split, PREFETCH=prefetch, PAIRS=pairs,
-                WSPLIT=wsplit, ONE_IMM=rocm, CVT=rocm)
+                WSPLIT=wsplit, ONE_IMM=rocm, CVT=rocm, BLOCK_T=block_t)
 
 
 def _pq_rocm_decode(qtype):
@@ -1318,18 +1328,18 @@ def packed_matmul(x, pw, *, silu=False, **cfg):
         # the next iteration's loads issued early: only where there are several (H200: with
         # 2 iterations, Q8_0 4096x4096, it cost 3%)
         prefetch = bool(c.get("PREFETCH")) and even and kw_len // (4 * H) >= 4
-        bt = next_pow2(T)
+        bt = c.get("BLOCK_T") or next_pow2(T)
         if split == 1:
             dst, so_split = out, 0
         else:
             dst = torch.empty((split, T, N), dtype=torch.float32, device=x.device)
             so_split = T * N
-        _pq_gemv_kernel[(triton.cdiv(N, BN), split)](
+        _pq_gemv_kernel[(triton.cdiv(N, BN), split, triton.cdiv(T, bt))](
             x, qs, qh, a, b, dst, N, T, KW, x.stride(0), qs.stride(0), qh.stride(0),
             a.stride(0), b.stride(0), dst.stride(-2), so_split, kw_len, 0x3F800000,
             QT=QT, E=E, H=H, BLOCK_N=BN, BLOCK_T=bt, EVEN=even, PREFETCH=prefetch,
             PAIRS=c["PAIRS"], SILU=silu, WSPLIT=c["WSPLIT"], ONE_IMM=c.get("ONE_IMM", False),
-            CVT=c.get("CVT", False), num_warps=warps,
+            CVT=c.get("CVT", False), TOKEN_BLOCKS=T > bt, num_warps=warps,
             **pdl_args(x.device))
         if split > 1:
             torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))

@@ -73,6 +73,8 @@ def test_packed_linear(qtype, T):
                                    (1, dict(H=8, BLOCK_N=4, ONE_IMM=True)),  # 1.0f immediate (ROCm)
                                    (3, dict(H=8, BLOCK_N=8, PAIRS=2, WSPLIT=True, ONE_IMM=True)),
                                    (1, dict(H=8, BLOCK_N=4, CVT=True, WSPLIT=True)),  # bytes converted
+                                   (5, dict(H=4, BLOCK_N=2, BLOCK_T=2)),    # token blocks, a partial one
+                                   (7, dict(H=8, BLOCK_N=4, BLOCK_T=4, SPLIT=2, WSPLIT=True, CVT=True)),
                                    (3, dict(H=8, BLOCK_N=4, CVT=True, WSPLIT=False, ONE_IMM=True)),
                                    (2, dict(H=8, SPLIT=2, BLOCK_N=2)),       # split K, even
                                    (5, dict(H=4, SPLIT=3, BLOCK_N=4))])      # split K, tails
@@ -221,13 +223,18 @@ def test_rocm_decode_configs(qtype, monkeypatch):
         warps = {"Q8_0": 4, "Q4_K": 1}.get(qtype, 2)
         assert (c["BLOCK_N"], c["PAIRS"], c["WSPLIT"], c["ONE_IMM"], c["CVT"], c["num_warps"]) == (
             rows, pairs, wsplit, True, True, warps)
-        assert c2["ONE_IMM"] and c2["BLOCK_N"] == (1 if qtype in ("Q5_K", "Q6_K") else 2)
+        assert c2["ONE_IMM"] and (c2["BLOCK_T"], c2["BLOCK_N"]) == (2, 4)
+        c16 = K._pq_gemv_config(16, 4096, 4096, qtype, torch.device("cpu"))
+        assert (c16["BLOCK_T"], c16["BLOCK_N"]) == (4, 2)        # 4 token blocks, no spills
         g = torch.Generator().manual_seed(55)
         N, K_ = 13, 768
         w = qweight(N, K_, qtype, 9)
         p = repack.pack(w.data, qtype, w.shape)
         x = randn(1, K_, gen=g)
         cfg = {k: c[k] for k in ("BLOCK_N", "PAIRS", "WSPLIT", "ONE_IMM", "CVT")}
+        assert_close(packed_call(x, p, H=8, **cfg), registry.call_reference("linear", x, w))
+        x = randn(11, K_, gen=g)                                 # a batch in 3 token blocks
+        cfg = {k: c16[k] for k in ("BLOCK_N", "BLOCK_T", "PAIRS", "WSPLIT", "ONE_IMM", "CVT")}
         assert_close(packed_call(x, p, H=8, **cfg), registry.call_reference("linear", x, w))
     finally:
         K._pq_gemv_config_cached.cache_clear()
