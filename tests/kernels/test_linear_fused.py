@@ -123,6 +123,10 @@ def test_silu_mul_packed_gemv(qtype, T):
     assert_close(registry.call_triton("silu_mul_linear", x, p), ref)
     # the tensor-core tile path has no fused form: silu-mul first, same result
     assert_close(linear_kernel.packed_matmul(x, p, silu=True, DOT=True), ref)
+    # ROCm's batched form: blocks of 2 tokens (the activations' [gate | up] rows offset per block)
+    x = randn(T + 2, 1024, gen=g)
+    assert_close(linear_kernel.packed_matmul(x, p, silu=True, H=8, BLOCK_N=2, BLOCK_T=2, WSPLIT=True, CVT=True,
+                                             ONE_IMM=True), registry.call_reference("silu_mul_linear", x, w))
 
 
 # ------------------------------------------------------------------------------------------
