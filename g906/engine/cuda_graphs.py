@@ -67,12 +67,7 @@ class DecodeGraphs:
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
-        self.scratch_block = int(scratch_block)
-        self.scratch_slot = int(scratch_slot)
-        if not 0 <= self.scratch_block < cache.num_blocks:
-            raise ValueError(f"scratch block {scratch_block} is outside the cache's {cache.num_blocks} blocks")
-        if not 0 <= self.scratch_slot < cache.num_state_slots:
-            raise ValueError(f"scratch slot {scratch_slot} is outside the cache's {cache.num_state_slots} slots")
+        self.scratch_block, self.scratch_slot = checked_scratch(cache, scratch_block, scratch_slot)
         self.batch_sizes = list(batch_sizes) if batch_sizes else graph_batch_sizes(max_num_seqs)
         self.max_batch = self.batch_sizes[-1]
         self.width = max(1, -(-max_model_len // block_size))      # block-table columns
@@ -274,10 +269,19 @@ def _multimodal(seq) -> bool:
     return False
 
 
+def checked_scratch(cache, block: int, slot: int) -> tuple[int, int]:
+    """(block, slot) as ints, after checking that the cache has them."""
+    if not 0 <= int(block) < cache.num_blocks:
+        raise ValueError(f"scratch block {block} is outside the cache's {cache.num_blocks} blocks")
+    if not 0 <= int(slot) < cache.num_state_slots:
+        raise ValueError(f"scratch slot {slot} is outside the cache's {cache.num_state_slots} slots")
+    return int(block), int(slot)
+
+
 def padded_cache_sizes(num_blocks: int, num_state_slots: int) -> tuple[int, int, int, int]:
     """(blocks to allocate, slots to allocate, scratch block id, scratch slot id): one more of
     each than the block manager hands out, the extra ones serving as the padding rows' scratch."""
     return num_blocks + 1, num_state_slots + 1, num_blocks, num_state_slots
 
 
-__all__ = ["DecodeGraphs", "bucket", "graph_batch_sizes", "padded_cache_sizes"]
+__all__ = ["DecodeGraphs", "bucket", "checked_scratch", "graph_batch_sizes", "padded_cache_sizes"]

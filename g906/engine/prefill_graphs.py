@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from g906.engine.context import ForwardContext, write_step_rows
-from g906.engine.cuda_graphs import _multimodal, bucket
+from g906.engine.cuda_graphs import _multimodal, bucket, checked_scratch
 
 log = logging.getLogger("g906.engine")
 
@@ -78,12 +78,7 @@ class PrefillGraphs:
         self.device = torch.device(cache.device)
         self.block_size = block_size
         self.max_model_len = max_model_len
-        self.scratch_block = int(scratch_block)
-        self.scratch_slot = int(scratch_slot)
-        if not 0 <= self.scratch_block < cache.num_blocks:
-            raise ValueError(f"scratch block {scratch_block} is outside the cache's {cache.num_blocks} blocks")
-        if not 0 <= self.scratch_slot < cache.num_state_slots:
-            raise ValueError(f"scratch slot {scratch_slot} is outside the cache's {cache.num_state_slots} slots")
+        self.scratch_block, self.scratch_slot = checked_scratch(cache, scratch_block, scratch_slot)
         self.token_sizes = graph_token_sizes(max_tokens)
         if not self.token_sizes:
             raise ValueError(f"prefill graphs need at least {MIN_TOKENS} tokens, not {max_tokens}")
