@@ -110,6 +110,8 @@ class ModelRunner:
                     scratch_block=self.sizing.num_blocks, scratch_slot=max_num_seqs,
                 )
                 self.prefill_graphs.capture()
+                if not self.prefill_graphs.use_graphs:      # capture failed (it logged why)
+                    self.prefill_graphs = None
 
     # -- cache sizing ----------------------------------------------------------------------------
     def _size_cache(self, util: float, cpu_gib: float, override: int | None) -> CacheSizing:

@@ -15,9 +15,10 @@ A step of n sequences and `total` new tokens runs in the graph of the smallest c
 (tokens, rows) with rows > n and tokens >= total: token counts 16, 32, ..., max_tokens (powers
 of two, and max_tokens), rows 2, 4, 8. Every step has padding rows after its n real ones; one
 of them holds the tokens up to the graph's count, the others none, so a graph's kernels always
-see the same batch shape. Padding tokens are token 0 at positions 0, 1, ...; their KV slots are -1 (the KV stores
-skip them), their block tables name the scratch block (the attention reads it, and it is never
-written by them), their state slot is the scratch slot with no initial state. Every op of a
+see the same batch shape. Padding tokens are token 0 at positions 0, 1, ...; their KV slots
+are -1 (the KV stores skip them), their block tables name the scratch block (the attention
+reads it, and it is never written by them), their state slot is the scratch slot with no
+initial state. Every op of a
 prefill step computes each sequence from its own rows and state, so padding changes nothing
 in the real rows, and nothing the step leaves behind (KV blocks, states) belongs to them.
 
@@ -26,9 +27,9 @@ the LM head runs on the last token of each sampling sequence (up to `rows` of th
 buffer) and the argmax of its logits is taken in the graph too, as in the decode graphs.
 
 Steps that do not fit (more tokens or sequences, or images: their M-RoPE positions and
-embeddings are computed per step) take the model runner's own eager path. So do all steps
-where use_graphs is False, through run_step's eager branch: the same padded step without a
-graph (how the CPU tests drive this file).
+embeddings are computed per step) take the model runner's own eager path. With use_graphs
+False, run_step runs the same padded step without a graph (how the CPU tests drive this file;
+the runner drops prefill graphs whose capture failed and runs its own eager prefill).
 
 capture() checks its work: after capturing a shape it replays it on a second padding layout
 and compares the logits with an eager run of that layout; a mismatch (a value the capture froze
