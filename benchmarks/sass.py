@@ -50,6 +50,8 @@ def _kernel_and_signature(args):
     norm_ptrs = {"r_ptr": "*fp16", "hn_ptr": "*fp16", "anw_ptr": "*fp16", "ss_out_ptr": "*fp32",
                  "ss_in_ptr": "*fp32"}
     norm = dict(ADD_NORM=2 if args.add_norm else 0, RMS_IN=args.rms_in, BLOCK_P=args.partials)
+    if args.qtype == "ATTN":
+        return _attention_kernel_and_signature(args)
     if args.qtype == "F16":
         fn = K._gemv_kernel
         ptrs = {"x_ptr": "*fp16", "w_ptr": "*fp16", "out_ptr": "*fp16", "z_ptr": "*fp16",
@@ -77,10 +79,37 @@ def _kernel_and_signature(args):
     return fn, sig, {k: v for k, v in const.items() if k in names}, attrs
 
 
+def _attention_kernel_and_signature(args):
+    """The paged decode attention kernel (kernels/attention), one KV head's G query heads over
+    --rows (BLOCK_N) cache positions a tile; tl.dot on sm_90, the broadcast path on AMD (as
+    _decode_config picks them)."""
+    from g906.kernels._triton_util import next_pow2
+    from g906.kernels.attention import kernel as A
+
+    fn = A._decode_kernel
+    ptrs = {"q_ptr": "*fp16", "kc_ptr": "*fp16", "vc_ptr": "*fp16", "bt_ptr": "*i32", "sl_ptr": "*i32",
+            "gate_ptr": "*fp16", "out_ptr": "*fp16", "po_ptr": "*fp32", "pl_ptr": "*fp32"}
+    G, D = args.heads_per_kv, args.head_dim
+    dot = args.target == "sm_90"
+    const = dict(G=G, BLOCK_G=max(16, next_pow2(G)) if dot else next_pow2(G), D=D, BLOCK_D=next_pow2(D),
+                 BLOCK_N=args.rows, DIRECT=False, HAS_GATE=True, USE_DOT=dot, FP32=False, PDL=args.pdl)
+    # the cache, q, gate and output strides are multiples of 16; the block table's is not
+    aligned = {"sq_b", "sq_h", "sk_blk", "sk_off", "sk_h", "sv_blk", "sv_off", "sv_h", "sg_b", "sg_h",
+               "so_b", "so_h", "block_size"}
+    names = list(fn.arg_names)
+    sig = {a: ptrs.get(a, "constexpr" if a in const else ("fp32" if a == "qk_scale" else "i32"))
+           for a in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names) if a in ptrs or a in aligned}
+    return fn, sig, const, attrs
+
+
 def _weights_per_lane(args) -> int:
-    """Weights one lane decodes per iteration of the main loop (packed: 4 words a row)."""
+    """Weights one lane decodes per iteration of the main loop (packed: 4 words a row;
+    attention: K and V elements of the tile)."""
     from g906.kernels.linear import kernel as K
 
+    if args.qtype == "ATTN":
+        return max(1, args.rows * args.head_dim * 2 // (_lanes(args) * args.warps))
     if args.qtype == "F16":
         return args.rows * args.block_k // (_lanes(args) * args.warps)
     return args.rows * 4 * K.PQ_E[args.qtype]
@@ -119,6 +148,7 @@ def analyse_amd(args, src) -> dict:
             "vgprs": meta(".vgpr_count"), "agprs": meta(".agpr_count"),
             "spill_vgprs": meta(".vgpr_spill_count"), "scratch_bytes": meta(".private_segment_fixed_size"),
             "loop_instructions": len(loop), "loop_valu": len(valu),
+            "loop_lds": sum(1 for op in loop if op.startswith("ds_")),
             "valu_per_weight": round(len(valu) / _weights_per_lane(args), 2) if valu else None,
             "mix": dict(mix.most_common())}
 
@@ -161,7 +191,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="sm_90", choices=["sm_90", "gfx908", "gfx90a"],
                     help="sm_90 (SASS) or an AMD wave64 target (gfx908: the nearest to gfx906)")
-    ap.add_argument("--qtype", default="Q4_K", choices=["F16", *PLANE_TYPES])
+    ap.add_argument("--qtype", default="Q4_K", choices=["F16", "ATTN", *PLANE_TYPES],
+                    help="a GEMV's weights, or ATTN: the paged decode attention (per K/V element)")
+    ap.add_argument("--heads-per-kv", type=int, default=4, help="ATTN: query heads per KV head (G)")
+    ap.add_argument("--head-dim", type=int, default=256, help="ATTN: head dim")
     ap.add_argument("--rows", type=int, default=8, help="BLOCK_N")
     ap.add_argument("--warps", type=int, default=4)
     ap.add_argument("--block-k", type=int, default=512, help="F16 only")
@@ -193,7 +226,8 @@ def main() -> int:
     if "vgprs" in res:
         print(f"{args.target} {res['qtype']} rows={res['rows']} warps={res['warps']}: {res['vgprs']} VGPRs, "
               f"{res['agprs']} AGPRs, {res['scratch_bytes']} scratch bytes; main loop {res['loop_valu']} VALU "
-              f"of {res['loop_instructions']}, {res['valu_per_weight']} per weight per lane")
+              f"of {res['loop_instructions']} ({res['loop_lds']} LDS), {res['valu_per_weight']} per "
+              f"{'K/V element' if args.qtype == 'ATTN' else 'weight'} per lane")
         print("  " + ", ".join(f"{k} {v}" for k, v in list(res["mix"].items())[:12]))
         return 0
     print(f"{res['kernel']} {res['qtype']} rows={res['rows']} warps={res['warps']}: "

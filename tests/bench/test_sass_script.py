@@ -52,3 +52,11 @@ def test_gfx908_code_of_the_packed_gemv():
         assert res["loop_valu"] == sum(res["mix"].values()) <= res["loop_instructions"]
     assert "v_and_or_b32" not in reg["mix"] and imm["mix"]["v_and_or_b32"] > 0
     assert imm["valu_per_weight"] <= reg["valu_per_weight"] - 0.9
+
+
+def test_gfx908_code_of_the_decode_attention():
+    """The broadcast path ROCm runs (no tl.dot): registers fit, its loop reduces across lanes."""
+    res = _run("--target", "gfx908", "--qtype", "ATTN", "--rows", "8", "--warps", "4")
+    assert 0 < res["vgprs"] <= 256 and res["agprs"] == 0 and res["scratch_bytes"] == 0
+    assert res["loop_lds"] > 0 and res["mix"]["v_exp_f32_e32"] > 0
+    assert _run("--qtype", "ATTN", "--rows", "32", "--warps", "8")["mix"]["HMMA"] > 0   # sm_90: tl.dot
