@@ -246,8 +246,8 @@ def run_rows(args, device: torch.device, out: dict, save) -> None:
         loaded = build_synthetic("qwen3.5-9b", quant="f16", device=device, overrides=ov)
         wl3 = Workload(num_requests=N64, prompt_len=LengthSpec(P, P), output_len=LengthSpec(O64, O64),
                        concurrency=N64)
-        engine = make_engine(loaded, wl3, max_num_seqs=N64, prefill_graph_tokens=args.prefill_graphs, max_model_len=P + O64 + 32,
-                             max_num_batched_tokens=max(P2, 8 * P))
+        engine = make_engine(loaded, wl3, max_num_seqs=N64, max_model_len=P + O64 + 32,
+                             max_num_batched_tokens=max(P2, 8 * P), prefill_graph_tokens=args.prefill_graphs)
         r3 = run_offline(engine, wl3)
         c = loaded.config
         ctx_avg = P + O64 / 2

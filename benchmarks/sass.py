@@ -40,7 +40,7 @@ PLANE_TYPES = {"Q8_0": ("*fp16", "*fp16"), "Q4_0": ("*fp16", "*fp16"), "Q4_K": (
 
 
 def _lanes(args) -> int:
-    return 64 if getattr(args, "target", "sm_90").startswith("gfx") else 32
+    return 64 if args.target.startswith("gfx") else 32
 
 
 def _kernel_and_signature(args):
@@ -64,18 +64,22 @@ def _kernel_and_signature(args):
         ptrs = {"x_ptr": "*fp16", "qs_ptr": "*i32", "qh_ptr": "*i32", "out_ptr": "*fp16",
                 "a_ptr": a_t, "b_ptr": b_t, **norm_ptrs}
         const = dict(QT=K.PQ_QTYPES[args.qtype], E=K.PQ_E[args.qtype], H=_lanes(args) * args.warps,
-                     BLOCK_N=args.rows, BLOCK_T=getattr(args, "tokens", 1), EVEN=True, PREFETCH=args.prefetch,
-                     PAIRS=(0 if args.no_pairs else args.pairs if getattr(args, "pairs", None) is not None
+                     BLOCK_N=args.rows, BLOCK_T=args.tokens, EVEN=True, PREFETCH=args.prefetch,
+                     PAIRS=(0 if args.no_pairs else args.pairs if args.pairs is not None
                             else 2 if args.qtype == "Q4_K" else 1),
-                     SILU=False, PDL=args.pdl, WSPLIT=args.wsplit,
-                     ONE_IMM=getattr(args, "one_imm", False), CVT=getattr(args, "cvt", False),
+                     SILU=False, PDL=args.pdl, WSPLIT=args.wsplit, ONE_IMM=args.one_imm, CVT=args.cvt,
                      TOKEN_BLOCKS=False, **norm)
-    floats = {"eps", "eps_in"}
+    return _signature(fn, ptrs, const, ALIGNED, {"eps", "eps_in"})
+
+
+def _signature(fn, ptrs, const, aligned, floats):
+    """(fn, signature, constexprs, attrs) for triton.compile: pointers as given, constexprs,
+    the float arguments, i32 for the rest; pointers and `aligned` divisible by 16."""
     names = list(fn.arg_names)
     sig = {a: ptrs.get(a, "constexpr" if a in const else ("fp32" if a in floats else "i32"))
            for a in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names)
-             if a in ptrs or a in ALIGNED}
+             if a in ptrs or a in aligned}
     return fn, sig, {k: v for k, v in const.items() if k in names}, attrs
 
 
@@ -96,11 +100,7 @@ def _attention_kernel_and_signature(args):
     # the cache, q, gate and output strides are multiples of 16; the block table's is not
     aligned = {"sq_b", "sq_h", "sk_blk", "sk_off", "sk_h", "sv_blk", "sv_off", "sv_h", "sg_b", "sg_h",
                "so_b", "so_h", "block_size"}
-    names = list(fn.arg_names)
-    sig = {a: ptrs.get(a, "constexpr" if a in const else ("fp32" if a == "qk_scale" else "i32"))
-           for a in names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names) if a in ptrs or a in aligned}
-    return fn, sig, const, attrs
+    return _signature(fn, ptrs, const, aligned, {"qk_scale"})
 
 
 def _weights_per_lane(args) -> int:

@@ -66,10 +66,13 @@ class ModelRunner:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.fit_len = fit_len          # lower max_model_len to the cache instead of failing
-        # short prefill steps replayed from graphs (g906/engine/prefill_graphs.py): GPU, graphs on
-        self.prefill_graph_tokens = (min(int(prefill_graph_tokens), max_num_batched_tokens)
-                                     if not enforce_eager and self.device.type == "cuda" else 0)
-        if prefill_graph_tokens and self.prefill_graph_tokens < 16:
+        # GPU decode runs through g906/engine/cuda_graphs.py (graphs unless enforce_eager): one
+        # more KV block and state slot than the block manager hands out, as the padding rows' scratch
+        padded = self.device.type == "cuda" and getattr(self.model, "supports_cuda_graphs", True)
+        # short prefill steps replayed from graphs (g906/engine/prefill_graphs.py); 0: none
+        tokens = min(int(prefill_graph_tokens), max_num_batched_tokens) if padded and not enforce_eager else 0
+        self.prefill_graph_tokens = tokens if tokens >= 16 else 0
+        if prefill_graph_tokens and not self.prefill_graph_tokens:
             log.warning("prefill graphs off: they need a GPU, graphs on (not enforce_eager) and at "
                         "least 16 tokens (asked for %d)", prefill_graph_tokens)
         self.sampler = Sampler(self.device, seed=seed)
@@ -81,9 +84,6 @@ class ModelRunner:
         self.sizing = self._size_cache(gpu_memory_utilization, cpu_kv_cache_gib, num_kv_blocks)
         from g906.engine.cache import ModelCache
 
-        # GPU decode runs through g906/engine/cuda_graphs.py (graphs unless enforce_eager): one
-        # more KV block and state slot than the block manager hands out, as the padding rows' scratch
-        padded = self.device.type == "cuda" and getattr(self.model, "supports_cuda_graphs", True)
         extra = 1 if padded else 0
         self.cache = ModelCache.allocate(
             self.config, num_blocks=self.sizing.num_blocks + extra, block_size=block_size,
@@ -101,7 +101,7 @@ class ModelRunner:
                 scratch_slot=max_num_seqs, use_graphs=not enforce_eager,
             )
             self.graphs.capture()
-            if self.prefill_graph_tokens >= 16:
+            if self.prefill_graph_tokens:
                 from g906.engine.prefill_graphs import PrefillGraphs
 
                 self.prefill_graphs = PrefillGraphs(
@@ -127,7 +127,7 @@ class ModelRunner:
                                override * per_block + states, "override")
         if self.device.type == "cuda":
             weights, act = self._profile()
-            if self.prefill_graph_tokens >= 16:
+            if self.prefill_graph_tokens:
                 # the prefill graphs' pool keeps about one forward's activations of their
                 # largest step for good (a quarter more for its logits and rounding)
                 act += int(1.25 * act * min(1.0, self.prefill_graph_tokens / self.max_num_batched_tokens))

@@ -92,7 +92,6 @@ class PrefillGraphs:
         self.num_eager = 0
         T, R = self.token_sizes[-1], self.row_sizes[-1]
         W = max(1, -(-max(max_model_len, T) // block_size))              # block-table columns
-        self.width = W
         dev = self.device
         pin = dev.type == "cuda"
         # host staging (pinned on GPUs) and the static device inputs

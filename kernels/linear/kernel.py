@@ -582,13 +582,11 @@ def _pq_field(words, hi, J: tl.constexpr, QT: tl.constexpr, one, CVT: tl.constex
     then fold into one LOP3 (two immediates would not); an immediate on gfx9 (ONE_IMM), where
     1.0f is an inline constant, so the literal mask and it fit v_and_or_b32's one constant-bus
     operand (a run-time `one` would be a second: an and and an or)."""
-    if CVT and QT != 1 and QT != 2:   # a byte per field: the byte itself as a float (_pq_cvt)
-        if QT == 0:
-            c = words
-        elif J % 2 == 0:
-            c = words
-        else:
+    if CVT and QT != 1 and QT != 2:   # a byte per field: the byte itself as a float (CVT)
+        if QT != 0 and J % 2 == 1:    # Q5_K/Q6_K odd fields: in hi (_q5_bytes, _q6_bytes)
             c = hi
+        else:
+            c = words
         B: tl.constexpr = J if QT == 0 else J // 2
         return ((c >> (8 * B)) & 255).to(tl.float32)
     if QT == 0:  # int8: q + 128 (sign bit flipped) as 8 bits under the exponent
@@ -1328,7 +1326,7 @@ def packed_matmul(x, pw, *, silu=False, **cfg):
         # the next iteration's loads issued early: only where there are several (H200: with
         # 2 iterations, Q8_0 4096x4096, it cost 3%)
         prefetch = bool(c.get("PREFETCH")) and even and kw_len // (4 * H) >= 4
-        bt = c.get("BLOCK_T") or next_pow2(T)
+        bt = c["BLOCK_T"]
         if split == 1:
             dst, so_split = out, 0
         else:
@@ -1338,8 +1336,8 @@ def packed_matmul(x, pw, *, silu=False, **cfg):
             x, qs, qh, a, b, dst, N, T, KW, x.stride(0), qs.stride(0), qh.stride(0),
             a.stride(0), b.stride(0), dst.stride(-2), so_split, kw_len, 0x3F800000,
             QT=QT, E=E, H=H, BLOCK_N=BN, BLOCK_T=bt, EVEN=even, PREFETCH=prefetch,
-            PAIRS=c["PAIRS"], SILU=silu, WSPLIT=c["WSPLIT"], ONE_IMM=c.get("ONE_IMM", False),
-            CVT=c.get("CVT", False), TOKEN_BLOCKS=T > bt, num_warps=warps,
+            PAIRS=c["PAIRS"], SILU=silu, WSPLIT=c["WSPLIT"], ONE_IMM=c["ONE_IMM"], CVT=c["CVT"],
+            TOKEN_BLOCKS=T > bt, num_warps=warps,
             **pdl_args(x.device))
         if split > 1:
             torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
