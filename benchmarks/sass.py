@@ -116,7 +116,9 @@ def _weights_per_lane(args) -> int:
 
 
 def _main_loop(asm: str) -> list[str]:
-    """The instructions of the longest backward branch's body (AMDGPU assembly)."""
+    """The instructions of the longest backward branch's body that loads from global memory
+    (AMDGPU assembly): LLVM may place an epilogue's blocks out of order, so a branch back in
+    the text is not always a loop; the streaming loop is the one with the loads."""
     lines = asm.splitlines()
     labels, best = {}, []
     for i, line in enumerate(lines):
@@ -126,15 +128,22 @@ def _main_loop(asm: str) -> list[str]:
         m = re.match(r"\s+s_(?:cbranch_\w+|branch)\s+(\.LBB\d+_\d+)", line)
         if m and labels.get(m.group(1), i) < i:
             body = [x.split()[0] for x in lines[labels[m.group(1)]:i] if re.match(r"\s+[a-z]+_[a-z0-9_]+", x)]
-            best = body if len(body) > len(best) else best
+            loads = any(op.startswith(("global_load", "buffer_load")) for op in body)
+            best = body if loads and len(body) > len(best) else best
     return best
 
 
-def analyse_amd(args, src) -> dict:
+def analyse_amd(args, src, const) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
 
-    ck = triton.compile(src, target=GPUTarget("hip", args.target, 64), options={"num_warps": args.warps})
+    options = {"num_warps": args.warps}
+    if args.qtype == "ATTN":   # as paged_decode_attention launches it
+        from g906.kernels.attention import kernel as A
+
+        options.update(A.decode_launch_options(False, True, const["BLOCK_G"], const["BLOCK_N"],
+                                               const["BLOCK_D"], args.warps))
+    ck = triton.compile(src, target=GPUTarget("hip", args.target, 64), options=options)
     asm = ck.asm["amdgcn"]
 
     def meta(key):
@@ -161,7 +170,7 @@ def analyse(args) -> dict:
     fn, sig, const, attrs = _kernel_and_signature(args)
     src = ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
     if args.target != "sm_90":
-        return analyse_amd(args, src)
+        return analyse_amd(args, src, const)
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": args.warps})
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.TemporaryDirectory() as d:

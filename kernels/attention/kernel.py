@@ -4,7 +4,8 @@ Decode: one program per (sequence, kv head, split); each program serves all the 
 its kv head (GQA) over one slice of the sequence with an online softmax, writing either the
 final output (one split) or fp32 partials + log-sum-exp that a second kernel combines (and
 gates). Query heads are scored with tl.dot on CUDA (padded to 16 rows) and with a broadcast
-multiply-reduce elsewhere (ROCm gfx906 has no matrix units: padded dots would waste 4x ALU).
+multiply-reduce elsewhere (ROCm gfx906 has no matrix units: padded dots would waste 4x ALU),
+where each position slot of a tile keeps its own online softmax (_decode_slots).
 
 Prefill: one program per (query block, sequence, query head), causal over absolute positions,
 keys/values read from the paged cache through the block table.
@@ -41,6 +42,53 @@ def _load_kv_tile(c_ptr, bt_row_ptr, n, nmask, kh, d, dmask, block_size, s_blk, 
 
 
 @triton.jit
+def _decode_slots(q_ptr, kc_ptr, vc_ptr, bt_row, blk, b64, kh, hq, gmask, d, dmask, start, end,
+                  qk_scale, sq_b, sq_h, sk_blk, sk_off, sk_h, sv_blk, sv_off, sv_h, block_size,
+                  BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The decode loop without tl.dot (ROCm: gfx906 has no matrix units), as (acc [G, D],
+    m [G], l [G]) of an online softmax over positions start..end.
+
+    Each of a tile's BLOCK_N position slots keeps its own running max, sum and output
+    ([G, N] and [G, N, D]): tiles are loaded as [1, N, D], so the products with q, the scores'
+    sums over D (within a warp: D spans the lanes of one) and the accumulation all stay in the
+    tiles' own layout, and nothing crosses warps until the slots are merged once at the end.
+    (Reducing every tile over its positions, and scoring q[:, None, :] * k[None, :, :] from
+    2-D tiles, cost two layout conversions and cross-warp sums through LDS per tile: 563 VALU
+    and 290 LDS instructions per 8-position tile on gfx908, ~3x the issue budget of a
+    memory-bound loop.)"""
+    q = tl.load(q_ptr + b64 * sq_b + hq[:, None, None] * sq_h + d[None, None, :],
+                mask=gmask[:, None, None] & dmask[None, None, :], other=0.0)
+    q = q.to(tl.float32) * qk_scale                                  # [G, 1, D]
+    d3 = d[None, None, :]
+    dm3 = dmask[None, None, :]
+    m_i = tl.full([BLOCK_G, BLOCK_N], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G, BLOCK_N], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_N, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        nmask = n < end
+        off = (n % block_size).to(tl.int64)[None, :, None]
+        b3 = blk[None, :, None]
+        kvm = nmask[None, :, None] & dm3
+        k = tl.load(kc_ptr + b3 * sk_blk + off * sk_off + kh * sk_h + d3, mask=kvm, other=0.0)
+        v = tl.load(vc_ptr + b3 * sv_blk + off * sv_off + kh * sv_h + d3, mask=kvm, other=0.0)
+        blk = _block_ids(bt_row, n + BLOCK_N, n + BLOCK_N < end, block_size)
+        s = tl.sum(q * k.to(tl.float32), axis=2)                      # [G, N]
+        s = tl.where(nmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, s)
+        m_ok = tl.where(m_new == float("-inf"), 0.0, m_new)        # a slot with no position yet
+        p = tl.exp2(s - m_ok)
+        alpha = tl.exp2(m_i - m_ok)
+        l_i = l_i * alpha + p
+        acc = acc * alpha[:, :, None] + p[:, :, None] * v.to(tl.float32)
+        m_i = m_new
+    # merge the slots
+    m = tl.max(m_i, axis=1)
+    w = tl.exp2(m_i - tl.where(m == float("-inf"), 0.0, m)[:, None])
+    return tl.sum(acc * w[:, :, None], axis=1), m, tl.sum(l_i * w, axis=1)
+
+
+@triton.jit
 def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, gate_ptr, out_ptr, po_ptr, pl_ptr,
                    qk_scale, sq_b, sq_h, sk_blk, sk_off, sk_h, sv_blk, sv_off, sv_h, sbt_b,
                    sg_b, sg_h, so_b, so_h, block_size, num_splits,
@@ -63,45 +111,43 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, sl_ptr, gate_ptr, out_ptr, po_
     d = tl.arange(0, BLOCK_D)
     dmask = d < D
     b64 = b.to(tl.int64)
-    q = tl.load(q_ptr + b64 * sq_b + hq[:, None] * sq_h + d[None, :],
-                mask=gmask[:, None] & dmask[None, :], other=0.0)
-    if not USE_DOT:
-        q = q.to(tl.float32) * qk_scale
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     bt_row = bt_ptr + b64 * sbt_b
     # the next tile's block ids are loaded with this tile's keys and values, so the table
     # lookup is not a memory round trip of its own in every iteration of the slice
     n = start + tl.arange(0, BLOCK_N)
     blk = _block_ids(bt_row, n, n < end, block_size)
-    for n0 in range(start, end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        nmask = n < end
-        k = _load_kv_at(kc_ptr, blk, n, nmask, kh, d, dmask, block_size, sk_blk, sk_off, sk_h)
-        v = _load_kv_at(vc_ptr, blk, n, nmask, kh, d, dmask, block_size, sv_blk, sv_off, sv_h)
-        blk = _block_ids(bt_row, n + BLOCK_N, n + BLOCK_N < end, block_size)
-        if USE_DOT:
+    if USE_DOT:
+        q = tl.load(q_ptr + b64 * sq_b + hq[:, None] * sq_h + d[None, :],
+                    mask=gmask[:, None] & dmask[None, :], other=0.0)
+        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            n = n0 + tl.arange(0, BLOCK_N)
+            nmask = n < end
+            k = _load_kv_at(kc_ptr, blk, n, nmask, kh, d, dmask, block_size, sk_blk, sk_off, sk_h)
+            v = _load_kv_at(vc_ptr, blk, n, nmask, kh, d, dmask, block_size, sv_blk, sv_off, sv_h)
+            blk = _block_ids(bt_row, n + BLOCK_N, n + BLOCK_N < end, block_size)
             if FP32:
                 s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
             else:
                 s = tl.dot(q, tl.trans(k)) * qk_scale
-        else:
-            s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
-        s = tl.where(nmask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if USE_DOT:
+            s = tl.where(nmask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            p = tl.exp2(s - m_new[:, None])
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
             if FP32:
                 pv = tl.dot(p, v, input_precision="ieee")
             else:
                 pv = tl.dot(p.to(v.dtype), v)
-        else:
-            pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+    else:
+        acc, m_i, l_i = _decode_slots(q_ptr, kc_ptr, vc_ptr, bt_row, blk, b64, kh, hq, gmask, d,
+                                      dmask, start, end, qk_scale, sq_b, sq_h, sk_blk, sk_off,
+                                      sk_h, sv_blk, sv_off, sv_h, block_size, BLOCK_G, BLOCK_N,
+                                      BLOCK_D)
     omask = gmask[:, None] & dmask[None, :]
     if DIRECT:
         o = acc / l_i[:, None]
@@ -201,6 +247,18 @@ def _decode_config(q, k_cache, block_tables, num_kv, max_seq_len, block_n=None, 
     return G, BLOCK_G, BLOCK_N, splits, use_dot
 
 
+def decode_launch_options(use_dot, rocm, BLOCK_G, BLOCK_N, BLOCK_D, num_warps) -> dict:
+    """Compiler options of a decode launch beyond num_warps. ROCm's broadcast path asks LLVM for
+    two waves per SIMD (<= 128 VGPRs) where its slots' accumulators take at most 32 registers a
+    lane: gfx908 code for the 9B's heads (G = 4, D = 256, 8 positions) is 132 VGPRs without it,
+    one wave per SIMD, and 127 with it at the same loop, five values that live across the loop
+    (the epilogue's) parked outside it (AGPRs on gfx908, scratch on gfx906: once a program,
+    none in the loop). Larger tiles would spill inside the loop."""
+    if use_dot or not rocm or BLOCK_G * BLOCK_N * BLOCK_D > 32 * 64 * num_warps:
+        return {}
+    return {"waves_per_eu": 2}
+
+
 def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, *, gate=None,
                            max_seq_len=None, num_splits=None, block_n=None, num_warps=4,
                            per_sm=None, min_split=None):
@@ -228,7 +286,8 @@ def paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale, *
         g.stride(0), g.stride(1), out.stride(0), out.stride(1), k_cache.shape[1], splits,
         G=G, BLOCK_G=BLOCK_G, D=D, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DIRECT=direct,
         HAS_GATE=gate is not None, USE_DOT=use_dot, FP32=q.dtype == torch.float32,
-        num_warps=num_warps, **pdl_args(q.device))
+        num_warps=num_warps, **pdl_args(q.device),
+        **decode_launch_options(use_dot, is_rocm(), BLOCK_G, BLOCK_N, BLOCK_D, num_warps))
     if not direct:
         BLOCK_S = next_pow2(splits)
         block_dr = max(16, min(BLOCK_D, REDUCE_TILE // BLOCK_S))

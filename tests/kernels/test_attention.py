@@ -127,6 +127,31 @@ def test_paged_decode_real_shapes(ctx, B):
 
 @gpu
 @needs_gpu
+@pytest.mark.parametrize("Hq", [16, 24])      # the 9B's and the 27B's query heads over 4 KV heads
+@pytest.mark.parametrize("B,ctx", [(1, 32768), (8, 8192)])
+def test_paged_decode_broadcast_path_real_shapes(monkeypatch, Hq, B, ctx):
+    """ROCm's decode path (no tl.dot: an online softmax per position slot) at real shapes, run
+    on whatever GPU this is; its ROCm-only compiler options are left out on CUDA."""
+    from g906.kernels.attention import kernel
+    monkeypatch.setattr(kernel, "is_rocm", lambda: True)
+    monkeypatch.setattr(kernel, "decode_launch_options", lambda *a: {})
+    g = torch.Generator().manual_seed(16)
+    Hk, D, bs = 4, 256, 16
+    nblk = ctx // bs
+    kc = randn(B * nblk + 1, bs, Hk, D, dtype=torch.float16, gen=g)
+    vc = randn(B * nblk + 1, bs, Hk, D, dtype=torch.float16, gen=g)
+    tables = torch.randperm(B * nblk + 1, generator=g)[: B * nblk].view(B, nblk).to(torch.int32).to(DEVICE)
+    sl = torch.tensor([ctx - 5 * b for b in range(B)], dtype=torch.int32, device=DEVICE)
+    q = randn(B, Hq, D, dtype=torch.float16, gen=g)
+    gate = randn(B, Hq, D, dtype=torch.float16, gen=g)
+    assert not kernel._decode_config(q, kc, tables, Hk, None)[4]        # the broadcast path
+    out = registry.call_triton("paged_decode_attention", q, kc, vc, tables, sl, D ** -0.5, gate=gate)
+    ref = registry.call_reference("paged_decode_attention", q, kc, vc, tables, sl, D ** -0.5, gate=gate)
+    assert_close(out, ref)
+
+
+@gpu
+@needs_gpu
 def test_prefill_attention_real_shapes():
     g = torch.Generator().manual_seed(14)
     Hq, Hk, D, bs = 16, 4, 256, 16
