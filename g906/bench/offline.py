@@ -63,13 +63,14 @@ def open_model(*, model: str | None = None, recipe: str | None = None, shape: st
 def make_engine(loaded, workload: Workload, *, plan=None, enforce_eager: bool = False,
                 max_num_seqs: int | None = None, max_model_len: int | None = None,
                 max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.9,
-                num_kv_blocks: int | None = None, block_size: int = 16, prefill_graph_tokens: int = 0):
-    """An LLMEngine sized for the workload (or for the recipe's plan, when given)."""
+                num_kv_blocks: int | None = None, block_size: int = 16, prefill_graph_tokens: int | None = None):
+    """An LLMEngine sized for the workload (or for the recipe's plan, when given).
+    prefill_graph_tokens None: the recipe's, else the engine's default; 0: eager prefill."""
     from g906.engine.llm_engine import EngineConfig, LLMEngine
 
     fields = {f.name for f in dataclasses.fields(EngineConfig)}
     extra = {"enforce_eager": enforce_eager} if "enforce_eager" in fields else {}
-    if prefill_graph_tokens:
+    if prefill_graph_tokens is not None:
         extra["prefill_graph_tokens"] = int(prefill_graph_tokens)
     if plan is not None:
         cfg = EngineConfig.from_plan(plan, num_kv_blocks=num_kv_blocks, **extra)

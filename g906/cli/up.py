@@ -135,7 +135,8 @@ def describe_plan(plan) -> dict[str, Any]:
                    "max_num_batched_tokens": plan.max_num_batched_tokens or 2048},
         "engine": {"kind": plan.engine_kind, "enforce_eager": plan.enforce_eager,
                    "reasoning_parser": plan.reasoning_parser,
-                   "max_waiting_requests": emb.max_waiting_requests},
+                   "max_waiting_requests": emb.max_waiting_requests,
+                   "prefill_graph_tokens": emb.prefill_graph_tokens},
         "server": {"host": plan.host, "port": plan.port, "api_key_env": plan.api_key_env},
         "warnings": list(getattr(plan, "warnings", []) or []),
     }

@@ -22,6 +22,8 @@ from g906.errors import G906Error
 
 log = logging.getLogger("g906.engine")
 GiB = 1024**3
+# EngineConfig.prefill_graph_tokens' default (why: there); the recipe's is g906/recipe/schema.py's
+DEFAULT_PREFILL_GRAPH_TOKENS = 512
 
 
 @dataclass
@@ -51,11 +53,24 @@ def _dtype_of(model) -> torch.dtype:
     return torch.float32
 
 
+def prefill_graph_size(asked: int, *, graphs: bool, max_num_batched_tokens: int) -> int:
+    """The largest prefill step the runner replays from graphs (0: none). graphs: the runner
+    captures graphs at all (a GPU, a model that supports them, not enforce_eager)."""
+    asked = int(asked)
+    if asked != 0 and asked < 16:
+        # a value no graph can have (the smallest holds 16 tokens) is a mistake; off elsewhere
+        # (the CPU, enforce_eager, smaller steps) is expected of an on-by-default setting
+        log.warning("prefill graphs off: prefill_graph_tokens must be 0 (off) or at least 16, not %d", asked)
+        return 0
+    tokens = min(asked, max_num_batched_tokens) if graphs else 0
+    return tokens if tokens >= 16 else 0
+
+
 class ModelRunner:
     def __init__(self, loaded, *, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int, gpu_memory_utilization: float = 0.9, cpu_kv_cache_gib: float = 1.0,
                  num_kv_blocks: int | None = None, seed: int | None = None, fit_len: bool = False,
-                 enforce_eager: bool = False, prefill_graph_tokens: int = 0):
+                 enforce_eager: bool = False, prefill_graph_tokens: int = DEFAULT_PREFILL_GRAPH_TOKENS):
         self.loaded = loaded
         self.model = loaded.model
         self.config = loaded.config
@@ -70,11 +85,8 @@ class ModelRunner:
         # more KV block and state slot than the block manager hands out, as the padding rows' scratch
         padded = self.device.type == "cuda" and getattr(self.model, "supports_cuda_graphs", True)
         # short prefill steps replayed from graphs (g906/engine/prefill_graphs.py); 0: none
-        tokens = min(int(prefill_graph_tokens), max_num_batched_tokens) if padded and not enforce_eager else 0
-        self.prefill_graph_tokens = tokens if tokens >= 16 else 0
-        if prefill_graph_tokens and not self.prefill_graph_tokens:
-            log.warning("prefill graphs off: they need a GPU, graphs on (not enforce_eager) and at "
-                        "least 16 tokens (asked for %d)", prefill_graph_tokens)
+        self.prefill_graph_tokens = prefill_graph_size(prefill_graph_tokens, graphs=padded and not enforce_eager,
+                                                       max_num_batched_tokens=max_num_batched_tokens)
         self.sampler = Sampler(self.device, seed=seed)
         pin = self.device.type == "cuda"
         m = max_num_batched_tokens

@@ -172,13 +172,26 @@ class EmbeddedOptions(_Strict):
     block_size: int = Field(16, ge=1, le=1024, description="Tokens per paged KV-cache block.")
     cpu_kv_cache_gib: float = Field(1.0, gt=0, description="KV-cache budget when running on the CPU.")
     max_waiting_requests: int = Field(1024, ge=1, description="Queue bound; beyond it requests get 503.")
+    # the engine's default (DEFAULT_PREFILL_GRAPH_TOKENS, g906/engine/model_runner.py: this module
+    # does not import the engine; tests/engine/test_prefill_graphs.py checks that they agree)
+    prefill_graph_tokens: int = Field(
+        512, ge=0, description="Prefill steps of at most this many tokens replay CUDA/HIP graphs (0: all prefill "
+        "eager; otherwise at least 16). Off under enforce_eager."
+    )
+
+    @field_validator("prefill_graph_tokens")
+    @classmethod
+    def _graph_tokens(cls, v: int) -> int:
+        if 0 < v < 16:       # the smallest prefill graph holds 16 tokens
+            raise ValueError(f"must be 0 (off) or at least 16, not {v}")
+        return v
 
 
 class EngineSection(_Strict):
     kind: Literal["embedded", "vllm"] = Field(
         "embedded", description="embedded = g906's own engine; vllm = hand over to an installed vLLM."
     )
-    enforce_eager: bool = Field(False, description="Disable decode graphs (CUDA/HIP graphs).")
+    enforce_eager: bool = Field(False, description="Disable CUDA/HIP graphs (decode and prefill).")
     reasoning_parser: Literal["none", "qwen3"] = Field(
         "none", description="qwen3 splits <think>...</think> into reasoning_content."
     )

@@ -174,6 +174,86 @@ def test_config_turns_prefill_graphs_on_only_for_gpu_graph_runs(tiny):
     assert eng.runner.prefill_graphs is None and eng.runner.prefill_graph_tokens == 0   # CPU
 
 
+def test_on_by_default_with_one_default_everywhere():
+    """512 (measured on an H200): the engine's config, the runner's own default, the recipe's
+    engine.embedded.prefill_graph_tokens (which cannot import the engine) agree."""
+    import inspect
+
+    from g906.engine.model_runner import DEFAULT_PREFILL_GRAPH_TOKENS, ModelRunner
+    from g906.recipe.schema import EmbeddedOptions
+
+    assert DEFAULT_PREFILL_GRAPH_TOKENS == 512
+    assert EngineConfig().prefill_graph_tokens == 512
+    assert inspect.signature(ModelRunner).parameters["prefill_graph_tokens"].default == 512
+    assert EmbeddedOptions().prefill_graph_tokens == 512
+
+
+@pytest.mark.parametrize("asked,graphs,mbt,want", [
+    (512, True, 2048, 512),         # the default, where graphs run
+    (512, True, 64, 64),            # at most a step's tokens
+    (0, True, 2048, 0),             # 0 turns them off
+    (512, False, 2048, 0),          # the CPU, enforce_eager, a model without graphs
+    (512, True, 8, 0),              # steps smaller than the smallest graph
+    (16, True, 2048, 16),
+])
+def test_prefill_graph_size(asked, graphs, mbt, want, caplog):
+    from g906.engine.model_runner import prefill_graph_size
+
+    with caplog.at_level("DEBUG", logger="g906.engine"):
+        assert prefill_graph_size(asked, graphs=graphs, max_num_batched_tokens=mbt) == want
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
+@pytest.mark.parametrize("asked", [8, 15, -1])
+def test_a_size_no_graph_can_have_is_warned_about(asked, caplog):
+    from g906.engine.model_runner import prefill_graph_size
+
+    with caplog.at_level("WARNING", logger="g906.engine"):
+        assert prefill_graph_size(asked, graphs=True, max_num_batched_tokens=2048) == 0
+    assert f"must be 0 (off) or at least 16, not {asked}" in caplog.text
+
+
+@pytest.mark.parametrize("kw", [{}, {"enforce_eager": True}, {"prefill_graph_tokens": 0}],
+                         ids=["default", "enforce-eager", "off"])
+def test_cpu_engines_start_without_a_prefill_graph_warning(tiny, caplog, kw):
+    with caplog.at_level("WARNING", logger="g906"):
+        eng = LLMEngine(tiny, EngineConfig(max_num_seqs=2, num_kv_blocks=20, max_model_len=128, **kw))
+    assert eng.runner.prefill_graphs is None and eng.runner.prefill_graph_tokens == 0
+    assert "prefill graphs" not in caplog.text
+    with caplog.at_level("WARNING", logger="g906"):        # the check can see a warning
+        LLMEngine(tiny, EngineConfig(max_num_seqs=2, num_kv_blocks=20, max_model_len=128, prefill_graph_tokens=8))
+    assert "prefill graphs off" in caplog.text
+
+
+def _plan(tmp_path, embedded=""):
+    from g906.recipe.load import load_recipe
+    from g906.recipe.resolve import resolve
+
+    path = tmp_path / "r.toml"
+    path.write_text('[model]\nsource = "builtin:tiny-qwen35"\n' + (f"[engine.embedded]\n{embedded}\n" if embedded else ""))
+    return resolve(load_recipe(path), path, check_files=True)
+
+
+@pytest.mark.parametrize("embedded,want", [("", 512), ("prefill_graph_tokens = 64", 64),
+                                           ("prefill_graph_tokens = 0", 0)])
+def test_the_recipe_value_reaches_the_engine_config(tmp_path, embedded, want):
+    assert EngineConfig.from_plan(_plan(tmp_path, embedded)).prefill_graph_tokens == want
+
+
+def test_bench_engines_take_the_recipe_value_unless_told(tiny, tmp_path):
+    """make_engine (g906 bench, benchmarks/engine.py): None keeps the recipe's value, else the
+    engine's default; a number (--prefill-graphs N) wins over both."""
+    from g906.bench.metrics import LengthSpec, Workload
+    from g906.bench.offline import make_engine
+
+    wl = Workload(num_requests=1, prompt_len=LengthSpec(8, 8), output_len=LengthSpec(2, 2), concurrency=1)
+    off = _plan(tmp_path, "prefill_graph_tokens = 0")
+    assert make_engine(tiny, wl).config.prefill_graph_tokens == 512
+    assert make_engine(tiny, wl, prefill_graph_tokens=0).config.prefill_graph_tokens == 0
+    assert make_engine(tiny, wl, plan=off, num_kv_blocks=20).config.prefill_graph_tokens == 0
+    assert make_engine(tiny, wl, plan=off, num_kv_blocks=20, prefill_graph_tokens=64).config.prefill_graph_tokens == 64
+
+
 class _FakeGraphs:
     """torch.cuda's graph API on the CPU, for driving capture()'s bookkeeping: "capturing" runs
     the forward once; replay() runs the last captured forward again and writes its outputs in
