@@ -39,6 +39,7 @@ from g906.bench.bandwidth import measure_copy_bandwidth, measure_matmul_flops  #
 from g906.bench.metrics import LengthSpec, Workload  # noqa: E402
 from g906.bench.offline import make_engine, run_offline  # noqa: E402
 from g906.bench.synthetic import build_synthetic, shape_config  # noqa: E402
+from g906.engine.model_runner import DEFAULT_PREFILL_GRAPH_TOKENS  # noqa: E402
 
 # the figures (H200, 2026-11-30)
 LLAMA_CPP = {"9b-f16-decode": 182.7, "9b-q8_0-decode": 221.7, "9b-q4_k-decode": 236.0, "0.8b-f16-decode": 517.1,
@@ -352,9 +353,13 @@ def main(argv=None) -> int:
                          "9b-q4_k, 9b-q8_0, 9b-f16-c64 (64 concurrent), hf (transformers)")
     ap.add_argument("--budget-s", type=float, default=float(os.environ.get("G906_BENCH_BUDGET_S", 330)),
                     help="start no new group after this many seconds (default 330)")
-    ap.add_argument("--prefill-graphs", type=int, default=0, metavar="N",
-                    help="replay prefill steps of up to N tokens from graphs (default 0: eager prefill)")
+    ap.add_argument("--prefill-graphs", type=int, default=DEFAULT_PREFILL_GRAPH_TOKENS, metavar="N",
+                    help="replay prefill steps of up to N tokens from graphs (default: the engine's, "
+                         f"{DEFAULT_PREFILL_GRAPH_TOKENS}; 0: eager prefill; the 9B prefill row also runs eager, for "
+                         "comparison)")
     args = ap.parse_args(argv)
+    if args.prefill_graphs < 0:
+        ap.error(f"--prefill-graphs must be 0 or more, not {args.prefill_graphs}")
     args.groups = [g.strip() for g in args.groups.split(",") if g.strip()]
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     t0 = time.perf_counter()

@@ -128,9 +128,11 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="Seeds the workload (and the synthetic weights' offset)."),
         dtype: str = typer.Option("auto", "--dtype", help="Offline compute dtype."),
         device: str | None = typer.Option(None, "--device", help="Offline device: cpu, cuda, cuda:1 ..."),
-        enforce_eager: bool = typer.Option(False, "--enforce-eager", help="Offline: no decode graphs."),
-        prefill_graphs: int = typer.Option(0, "--prefill-graphs", min=0,
-                                           help="Offline, GPU: prefill steps of up to N tokens replay graphs (0: eager)."),
+        enforce_eager: bool = typer.Option(False, "--enforce-eager", help="Offline: no graphs (decode or prefill)."),
+        prefill_graphs: int | None = typer.Option(
+            None, "--prefill-graphs", min=0, show_default=False,
+            help="Offline, GPU: prefill steps of up to N tokens replay graphs (0: eager; default: the "
+                 "recipe's engine.embedded.prefill_graph_tokens, else 512)."),
         max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", min=1),
         max_model_len: int | None = typer.Option(None, "--max-model-len", min=16),
         max_num_batched_tokens: int | None = typer.Option(None, "--max-num-batched-tokens", min=16),

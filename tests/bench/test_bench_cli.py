@@ -86,6 +86,11 @@ def test_bad_input_is_a_message(args, msg):
     assert msg in p.stderr and "Traceback" not in p.stderr
 
 
+def test_negative_prefill_graphs_is_a_usage_error():
+    r = _bench(["--model", "builtin:tiny-qwen35", "--prefill-graphs", "-1", "--device", "cpu"])
+    assert r.exit_code == 2 and "--prefill-graphs" in r.output
+
+
 # -- online ----------------------------------------------------------------------------------
 
 RECIPE = """
