@@ -77,7 +77,10 @@ def test_packed_linear(qtype, T):
                                    (7, dict(H=8, BLOCK_N=4, BLOCK_T=4, SPLIT=2, WSPLIT=True, CVT=True)),
                                    (3, dict(H=8, BLOCK_N=4, CVT=True, WSPLIT=False, ONE_IMM=True)),
                                    (2, dict(H=8, SPLIT=2, BLOCK_N=2)),       # split K, even
-                                   (5, dict(H=4, SPLIT=3, BLOCK_N=4))])      # split K, tails
+                                   (5, dict(H=4, SPLIT=3, BLOCK_N=4)),       # split K, tails
+                                   (1, dict(H=8, BLOCK_N=4, PRELOAD=True)),  # first step peeled
+                                   (3, dict(H=8, BLOCK_N=4, PRELOAD=True, SPLIT=3, PAIRS=2)),
+                                   (1, dict(H=64, BLOCK_N=4, PRELOAD=True))])  # one masked step
 def test_packed_gemv_configs(qtype, T, cfg):
     g = torch.Generator().manual_seed(51)
     N, K = 7, 1024
