@@ -133,6 +133,18 @@ def _main_loop(asm: str) -> list[str]:
     return best
 
 
+def amd_registers(asm: str) -> dict:
+    """VGPRs, AGPRs, spilled VGPRs and scratch bytes that a kernel's AMDGPU assembly declares
+    (tests/kernels/test_gfx9_code.py reads them for kernels this script does not build)."""
+
+    def meta(key):
+        m = re.search(re.escape(key) + r":\s+(\d+)", asm)
+        return int(m.group(1)) if m else 0
+
+    return {"vgprs": meta(".vgpr_count"), "agprs": meta(".agpr_count"),
+            "spill_vgprs": meta(".vgpr_spill_count"), "scratch_bytes": meta(".private_segment_fixed_size")}
+
+
 def analyse_amd(args, src, const) -> dict:
     import triton
     from triton.backends.compiler import GPUTarget
@@ -145,18 +157,11 @@ def analyse_amd(args, src, const) -> dict:
                                                const["BLOCK_D"], args.warps))
     ck = triton.compile(src, target=GPUTarget("hip", args.target, 64), options=options)
     asm = ck.asm["amdgcn"]
-
-    def meta(key):
-        m = re.search(re.escape(key) + r":\s+(\d+)", asm)
-        return int(m.group(1)) if m else 0
-
     loop = _main_loop(asm)
     valu = [op for op in loop if op.startswith("v_")]
     mix = collections.Counter(valu)
     return {"target": args.target, "qtype": args.qtype, "rows": args.rows, "warps": args.warps,
-            "vgprs": meta(".vgpr_count"), "agprs": meta(".agpr_count"),
-            "spill_vgprs": meta(".vgpr_spill_count"), "scratch_bytes": meta(".private_segment_fixed_size"),
-            "loop_instructions": len(loop), "loop_valu": len(valu),
+            **amd_registers(asm), "loop_instructions": len(loop), "loop_valu": len(valu),
             "loop_lds": sum(1 for op in loop if op.startswith("ds_")),
             "valu_per_weight": round(len(valu) / _weights_per_lane(args), 2) if valu else None,
             "mix": dict(mix.most_common())}
@@ -196,7 +201,8 @@ def analyse(args) -> dict:
             "instructions": sum(ops.values()), "mix": dict(ops.most_common())}
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
+    """The command line (tests build their arguments with it)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="sm_90", choices=["sm_90", "gfx908", "gfx90a"],
                     help="sm_90 (SASS) or an AMD wave64 target (gfx908: the nearest to gfx906)")
@@ -226,7 +232,11 @@ def main() -> int:
     ap.add_argument("--partials", type=int, default=1024,
                     help="with --rms-in: the producer's programs (partial sums; a power of 2)")
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> int:
+    args = parser().parse_args()
     os.environ.pop("TRITON_INTERPRET", None)
     res = analyse(args)
     if args.json:
