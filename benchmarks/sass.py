@@ -68,7 +68,7 @@ def _kernel_and_signature(args):
                      PAIRS=(0 if args.no_pairs else args.pairs if args.pairs is not None
                             else 2 if args.qtype == "Q4_K" else 1),
                      SILU=False, PDL=args.pdl, WSPLIT=args.wsplit, ONE_IMM=args.one_imm, CVT=args.cvt,
-                     TOKEN_BLOCKS=False, **norm)
+                     TOKEN_BLOCKS=False, PRELOAD=args.pdl and not args.prefetch, **norm)
     return _signature(fn, ptrs, const, ALIGNED, {"eps", "eps_in"})
 
 
@@ -134,15 +134,19 @@ def _main_loop(asm: str) -> list[str]:
 
 
 def amd_registers(asm: str) -> dict:
-    """VGPRs, AGPRs, spilled VGPRs and scratch bytes that a kernel's AMDGPU assembly declares
+    """VGPRs, AGPRs, spilled VGPRs and scratch bytes that a kernel's AMDGPU assembly declares,
+    and its main loop's spill instructions (AGPR moves, scratch accesses): values parked
+    outside the loop cost once a program, inside it every iteration
     (tests/kernels/test_gfx9_code.py reads them for kernels this script does not build)."""
 
     def meta(key):
         m = re.search(re.escape(key) + r":\s+(\d+)", asm)
         return int(m.group(1)) if m else 0
 
+    loop_spills = sum(1 for op in _main_loop(asm) if op.startswith(("v_accvgpr", "scratch_")))
     return {"vgprs": meta(".vgpr_count"), "agprs": meta(".agpr_count"),
-            "spill_vgprs": meta(".vgpr_spill_count"), "scratch_bytes": meta(".private_segment_fixed_size")}
+            "spill_vgprs": meta(".vgpr_spill_count"), "scratch_bytes": meta(".private_segment_fixed_size"),
+            "loop_spills": loop_spills}
 
 
 def analyse_amd(args, src, const) -> dict:

@@ -249,12 +249,14 @@ def _decode_config(q, k_cache, block_tables, num_kv, max_seq_len, block_n=None, 
 
 def decode_launch_options(use_dot, rocm, BLOCK_G, BLOCK_N, BLOCK_D, num_warps) -> dict:
     """Compiler options of a decode launch beyond num_warps. ROCm's broadcast path asks LLVM for
-    two waves per SIMD (<= 128 VGPRs) where its slots' accumulators take at most 32 registers a
-    lane: gfx908 code for the 9B's heads (G = 4, D = 256, 8 positions) is 132 VGPRs without it,
-    one wave per SIMD, and 127 with it at the same loop, five values that live across the loop
-    (the epilogue's) parked outside it (AGPRs on gfx908, scratch on gfx906: once a program,
-    none in the loop). Larger tiles would spill inside the loop."""
-    if use_dot or not rocm or BLOCK_G * BLOCK_N * BLOCK_D > 32 * 64 * num_warps:
+    two waves per SIMD (<= 128 VGPRs) for heads of at most 4 queries a KV head whose slots'
+    accumulators take at most 32 registers a lane: gfx908 code for the 9B's heads (G = 4,
+    D = 256, 8 positions) is 132 VGPRs without it, one wave per SIMD, and 127 with it at the
+    same loop, five values that live across the loop (the epilogue's) parked outside it (AGPRs
+    on gfx908, scratch on gfx906: once a program, none in the loop). The 27B's (G = 6, padded
+    to 8) would spill inside the loop: they keep 132 VGPRs (tests/kernels/test_gfx9_code.py)."""
+    if (use_dot or not rocm or BLOCK_G > 4
+            or BLOCK_G * BLOCK_N * BLOCK_D > 32 * 64 * num_warps):
         return {}
     return {"waves_per_eu": 2}
 

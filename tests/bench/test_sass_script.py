@@ -55,8 +55,11 @@ def test_gfx908_code_of_the_packed_gemv():
 
 
 def test_gfx908_code_of_the_decode_attention():
-    """The broadcast path ROCm runs (no tl.dot): registers fit, its loop reduces across lanes."""
+    """The broadcast path ROCm runs (no tl.dot): two waves per SIMD, nothing spilled in its
+    loop (a few values that live across it parked in AGPRs: decode_launch_options), its loop
+    reduces across lanes."""
     res = _run("--target", "gfx908", "--qtype", "ATTN", "--rows", "8", "--warps", "4")
-    assert 0 < res["vgprs"] <= 256 and res["agprs"] == 0 and res["scratch_bytes"] == 0
+    assert 0 < res["vgprs"] <= 128 and res["agprs"] <= 8 and res["scratch_bytes"] == 0
+    assert res["loop_spills"] == 0
     assert res["loop_lds"] > 0 and res["mix"]["v_exp_f32_e32"] > 0
     assert _run("--qtype", "ATTN", "--rows", "32", "--warps", "8")["mix"]["HMMA"] > 0   # sm_90: tl.dot

@@ -46,7 +46,11 @@ SHAPES = data.load("models")["shapes"]
 QTYPES = ("Q4_K", "Q4_0", "Q5_K", "Q6_K", "Q8_0")
 MAX_VGPRS = 256          # a gfx906 lane's
 TWO_WAVES = 128          # two waves per SIMD
-FIGURES = ("vgprs", "agprs", "spill_vgprs", "scratch_bytes")      # sass.amd_registers
+FIGURES = ("vgprs", "agprs", "spill_vgprs", "scratch_bytes", "loop_spills")   # sass.amd_registers
+# The decode attention asks for two waves per SIMD (decode_launch_options: waves_per_eu = 2);
+# LLVM then parks a few values that live across its loop (the epilogue's indices) in AGPRs,
+# scratch on a gfx906: once a program, never in the loop, which the check below enforces.
+ATTENTION_PARKED = 8
 REQUEST_TIMEOUT_S = 300
 
 
@@ -184,11 +188,15 @@ def _rocm():
         yield
 
 
-def _problems(label: str, res: dict, max_vgprs: int = MAX_VGPRS) -> list[str]:
-    """What in a compiled kernel's figures (sass.amd_registers) would spill on a gfx906."""
+def _problems(label: str, res: dict, max_vgprs: int = MAX_VGPRS, parked: int = 0) -> list[str]:
+    """What in a compiled kernel's figures (sass.amd_registers) would spill on a gfx906; up to
+    `parked` AGPRs are allowed where the main loop never touches them."""
     out = []
-    if res["agprs"]:
-        out.append(f"{label}: {res['agprs']} AGPRs (spills on gfx906, which has none)")
+    if res["loop_spills"]:
+        out.append(f"{label}: {res['loop_spills']} spill instructions (AGPR moves, scratch) in its main loop")
+    if res["agprs"] > parked:
+        out.append(f"{label}: {res['agprs']} AGPRs (spills on gfx906, which has none)"
+                   + (f"; at most {parked} outside the loop allowed" if parked else ""))
     if res["spill_vgprs"]:
         out.append(f"{label}: {res['spill_vgprs']} VGPRs spilled")
     if res["scratch_bytes"]:
@@ -199,11 +207,11 @@ def _problems(label: str, res: dict, max_vgprs: int = MAX_VGPRS) -> list[str]:
     return out
 
 
-def _check(results: list[tuple[str, dict, int]]):
+def _check(results: list[tuple[str, dict, int]], parked: int = 0):
     for label, res, _ in results:   # shown with -s or on a failure
         print(f"{label}: {res['vgprs']} VGPRs, {res['agprs']} AGPRs, {res['spill_vgprs']} spilled, "
-              f"{res['scratch_bytes']} scratch bytes")
-    problems = [p for label, res, limit in results for p in _problems(label, res, limit)]
+              f"{res['scratch_bytes']} scratch bytes, {res['loop_spills']} spill instructions in the loop")
+    problems = [p for label, res, limit in results for p in _problems(label, res, limit, parked)]
     assert not problems, "\n".join(problems)
 
 
@@ -278,6 +286,9 @@ def test_the_check_catches_agprs(compiler):
                               "--pairs", 2, "--wsplit", "--one-imm", "--cvt"])
     with pytest.raises(AssertionError, match=r"Q4_K T=8 rows=2: \d+ AGPRs \(spills on gfx906"):
         _check([("Q4_K T=8 rows=2", res, MAX_VGPRS)])
+    # its AGPRs are used inside the loop: no allowance for values parked outside it excuses them
+    with pytest.raises(AssertionError, match=r"Q4_K T=8 rows=2: \d+ spill instructions .* main loop"):
+        _check([("Q4_K T=8 rows=2", res, MAX_VGPRS)], parked=res["agprs"])
 
 
 # --- dense fp16 GEMV (_gemv_config at T = 1; the split RMSNorm around it in decode) ---------------
@@ -347,7 +358,7 @@ def test_decode_attention(compiler, G, D):
     assert (const["BLOCK_G"], const["BLOCK_N"], const["USE_DOT"]) == (block_g, block_n, False), const
     models = [m for m, s in SHAPES.items() if _heads(s) == (G, D)]
     _check([(f"decode attention G={G} D={D} BLOCK_N={block_n} warps={warps} ({_where(models)})", res,
-             MAX_VGPRS)])
+             MAX_VGPRS)], parked=ATTENTION_PARKED)
 
 
 # --- the other decode kernels, from recorded launches ---------------------------------------------
