@@ -1225,10 +1225,12 @@ def _pq_gemv_config_cached(T, N, K, qtype, device):
     wide = qtype in ("Q5_K", "Q6_K")          # two planes per element: more registers
     kw = K // PQ_E[qtype]
     ws = warp_size(device)
-    # one iteration covers 4 * threads words: fewer warps where that would leave a masked
-    # tail (27B: K = 5120, 17408 are 5 and 17 times 1024 elements)
-    fit = next((w for w in (4, 2, 1) if kw % (4 * ws * w) == 0), 4)
     rocm = is_rocm()
+    # one iteration covers 4 * threads words: fewer warps where that would leave a masked
+    # tail (27B: K = 5120, 17408 are 5 and 17 times 1024 elements). Where even one warp does
+    # not divide the row, ROCm takes one (the 0.8B's K = 1024 in Q4_K is 128 words: 4 waves
+    # of 64 lanes would leave 7 in 8 lanes masked in its issue-bound loop, one wave half)
+    fit = next((w for w in (4, 2, 1) if kw % (4 * ws * w) == 0), 1 if rocm else 4)
     prefetch, pairs, wsplit, block_t = False, 1, wide, bt
     if rocm and bt == 1:
         block_n, pairs, wsplit = _pq_rocm_decode(qtype)

@@ -227,6 +227,9 @@ def test_rocm_decode_configs(qtype, monkeypatch):
         assert (c["BLOCK_N"], c["PAIRS"], c["WSPLIT"], c["ONE_IMM"], c["CVT"], c["num_warps"]) == (
             rows, pairs, wsplit, True, True, warps)
         assert c2["ONE_IMM"] and (c2["BLOCK_T"], c2["BLOCK_N"]) == (2, 4)
+        # the 0.8B's K = 1024: 128 words a row in 4-bit types, fewer than a wave's iteration
+        # (256), so one wave, the least masked (Q8_0's 256 words: one wave exactly)
+        assert K._pq_gemv_config(1, 1024, 1024, qtype, torch.device("cpu"))["num_warps"] == 1
         c16 = K._pq_gemv_config(16, 4096, 4096, qtype, torch.device("cpu"))
         assert (c16["BLOCK_T"], c16["BLOCK_N"]) == (4, 2)        # 4 token blocks, no spills
         g = torch.Generator().manual_seed(55)
