@@ -129,10 +129,15 @@ class LLM:
                  max_num_seqs: int = 16, max_num_batched_tokens: int | None = None,
                  max_model_len: int | None = None, block_size: int = 16, gpu_memory_utilization: float = 0.9,
                  cpu_kv_cache_gib: float = 1.0, num_kv_blocks: int | None = None, seed: int | None = None,
-                 progress: bool = False, warm_up: bool = False, tensor_parallel_size: int | None = None):
+                 progress: bool = False, warm_up: bool = False, tensor_parallel_size: int | None = None,
+                 enforce_eager: bool | None = None, prefill_graph_tokens: int | None = None):
+        """`enforce_eager` (no decode or prefill graphs) and `prefill_graph_tokens` (0: prefill
+        eager) override a plan's values; without a plan, None keeps EngineConfig's defaults."""
         from g906.engine.loader import load_model
 
         plan = model if hasattr(model, "recipe") and hasattr(model, "model_source") else None
+        graphs = {k: v for k, v in (("enforce_eager", enforce_eager),
+                                    ("prefill_graph_tokens", prefill_graph_tokens)) if v is not None}
         devices = None
         if plan is not None:
             source = plan.model_source if plan.model_format == "builtin" else str(plan.model_path)
@@ -142,7 +147,7 @@ class LLM:
                 tensor_parallel_size = plan.tensor_parallel_size
             if plan.chat_template_path is not None:
                 chat_template = str(plan.chat_template_path)
-            config = EngineConfig.from_plan(plan, num_kv_blocks=num_kv_blocks, seed=seed)
+            config = EngineConfig.from_plan(plan, num_kv_blocks=num_kv_blocks, seed=seed, **graphs)
             if device is None and plan.devices:
                 import torch
 
@@ -154,7 +159,7 @@ class LLM:
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                 max_model_len=max_model_len, block_size=block_size,
                 gpu_memory_utilization=gpu_memory_utilization, cpu_kv_cache_gib=cpu_kv_cache_gib,
-                num_kv_blocks=num_kv_blocks, seed=seed,
+                num_kv_blocks=num_kv_blocks, seed=seed, **graphs,
             )
         self.loaded = load_model(source, dtype=dtype, device=device, chat_template=chat_template, progress=progress,
                                  tensor_parallel_size=tensor_parallel_size or 1, devices=devices)

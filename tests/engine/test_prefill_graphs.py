@@ -349,3 +349,22 @@ def test_gpu_prefill_graphs_equal_padded_eager_steps():
         runs[graphs] = ({k: [t for step in v for t in step[0]] for k, v in _drive(eng, script).items()}, pg)
     assert runs[True][0] == runs[False][0]
     assert runs[True][1].num_replays >= 3 and runs[False][1].num_eager == runs[True][1].num_replays
+
+
+def test_the_offline_api_sets_graphs_with_or_without_a_recipe(tmp_path):
+    """LLM(..., enforce_eager=, prefill_graph_tokens=) as vLLM's LLM takes them: over a plan's
+    values when given, the engine's defaults (or the plan's) when not."""
+    from g906 import LLM
+
+    def config(model, **kw):
+        llm = LLM(model, num_kv_blocks=8, **kw)
+        try:
+            return llm.engine.config.enforce_eager, llm.engine.config.prefill_graph_tokens
+        finally:
+            llm.close()
+
+    assert config("builtin:tiny-qwen35") == (False, 512)
+    assert config("builtin:tiny-qwen35", enforce_eager=True, prefill_graph_tokens=0) == (True, 0)
+    plan = _plan(tmp_path, "prefill_graph_tokens = 64")
+    assert config(plan) == (False, 64)
+    assert config(plan, prefill_graph_tokens=128) == (False, 128)
