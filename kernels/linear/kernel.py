@@ -1245,7 +1245,7 @@ def _pq_gemv_config_cached(T, N, K, qtype, device):
         block_n = 4 if bt == 2 else 2
         warps, wsplit, block_t = fit, True, min(bt, 4)
     elif bt == 1:
-        block_n, warps, prefetch, pairs, wsplit = _pq_cuda_decode(qtype, N, num_sms(device))
+        block_n, warps, prefetch, pairs, wsplit = _pq_cuda_decode(qtype, N, K, num_sms(device))
         warps = min(warps, fit)
     else:
         block_n = max(1, {2: 8, 4: 4, 8: 2}.get(bt, 1) // (2 if wide else 1))
@@ -1286,12 +1286,14 @@ def _pq_rocm_decode(qtype):
     return 4, 1, True
 
 
-def _pq_cuda_decode(qtype, N, sms):
+def _pq_cuda_decode(qtype, N, K, sms):
     """(rows, warps, PREFETCH, PAIRS, WSPLIT) of a T = 1 GEMV on CUDA, from H200 sweeps on the
-    9B's shapes (docs/PERF.md, kernel runs 9 and 10; within 2% of the best on each):
+    9B's shapes (docs/PERF.md, kernel runs 9 and 10; within 2% of the best on each; run 11 for
+    the Q4_K rows swept under PDL, as the decode graphs launch them):
     - Q4_K / Q4_0: 8 rows; 2 warps from N = 8192 (gate/up 24576: 21.8 us against 24.5 at 1
-      warp), but Q4_K 1 warp with PREFETCH at N = 12288 (12.4 against 13.0 at 2); 4 below 8192;
-      Q4_K folds its scales and splits its words (PAIRS = 2);
+      warp), 4 below 8192 and at N = 12288 (under PDL 11.7 us against 15.4 with the 1 warp and
+      PREFETCH swept without it); Q4_K folds its scales and splits its words (PAIRS = 2), but
+      not in the down projections (N < 8192, K >= 12288: under PDL 11.1 us against 12.7);
     - Q5_K: 4 rows, 1 warp, split words (8192: 11.2 us against 12.2 at 8 rows unsplit);
     - Q6_K: 4 rows, split words from N = 2048 (4096 x 12288 18.3 us against 18.9, 12288 x 4096
       17.8 against 19.0); 1 warp from N = 16384 (the LM head 248320: 259-271 us against 275
@@ -1302,9 +1304,9 @@ def _pq_cuda_decode(qtype, N, sms):
       4, with PREFETCH).
     PREFETCH applies where a program makes at least 4 iterations (packed_matmul)."""
     if qtype in ("Q4_K", "Q4_0"):
-        pairs = 2 if qtype == "Q4_K" else 1
+        pairs = 2 if qtype == "Q4_K" and not (N < 8192 and K >= 12288) else 1
         if qtype == "Q4_K" and 12288 <= N < 16384:
-            return 8, 1, True, pairs, False
+            return 8, 4, False, pairs, False
         return 8, (2 if N >= 8192 else 4), False, pairs, False
     if qtype == "Q5_K":
         return 4, 1, False, 1, True
