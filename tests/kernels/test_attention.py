@@ -106,23 +106,29 @@ def test_decode_equals_prefill_of_one_token():
     assert_close(a, b)
 
 
-@gpu
-@needs_gpu
-@pytest.mark.parametrize("ctx", [1024, 8192, 32768])
-@pytest.mark.parametrize("B", [1, 8])
-def test_paged_decode_real_shapes(ctx, B):
-    g = torch.Generator().manual_seed(13)
-    Hq, Hk, D, bs = 16, 4, 256, 16      # Qwen3.5-9B full-attention layer
+def _decode_matches_reference_at_real_shape(B, ctx, Hq, seed, stagger):
+    """A full-attention layer of 4 KV heads of 256 (the 9B's with Hq = 16), its B sequences
+    `stagger` tokens apart below ctx in a shuffled cache: the Triton op against the reference."""
+    g = torch.Generator().manual_seed(seed)
+    Hk, D, bs = 4, 256, 16
     nblk = ctx // bs
     kc = randn(B * nblk + 1, bs, Hk, D, dtype=torch.float16, gen=g)
     vc = randn(B * nblk + 1, bs, Hk, D, dtype=torch.float16, gen=g)
     tables = torch.randperm(B * nblk + 1, generator=g)[: B * nblk].view(B, nblk).to(torch.int32).to(DEVICE)
-    sl = torch.tensor([ctx - 3 * b for b in range(B)], dtype=torch.int32, device=DEVICE)
+    sl = torch.tensor([ctx - stagger * b for b in range(B)], dtype=torch.int32, device=DEVICE)
     q = randn(B, Hq, D, dtype=torch.float16, gen=g)
     gate = randn(B, Hq, D, dtype=torch.float16, gen=g)
     out = registry.call_triton("paged_decode_attention", q, kc, vc, tables, sl, D ** -0.5, gate=gate)
     ref = registry.call_reference("paged_decode_attention", q, kc, vc, tables, sl, D ** -0.5, gate=gate)
     assert_close(out, ref)
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("ctx", [1024, 8192, 32768])
+@pytest.mark.parametrize("B", [1, 8])
+def test_paged_decode_real_shapes(ctx, B):
+    _decode_matches_reference_at_real_shape(B, ctx, 16, seed=13, stagger=3)    # Qwen3.5-9B
 
 
 @gpu
@@ -135,19 +141,11 @@ def test_paged_decode_broadcast_path_real_shapes(monkeypatch, Hq, B, ctx):
     from g906.kernels.attention import kernel
     monkeypatch.setattr(kernel, "is_rocm", lambda: True)
     monkeypatch.setattr(kernel, "decode_launch_options", lambda *a: {})
-    g = torch.Generator().manual_seed(16)
-    Hk, D, bs = 4, 256, 16
-    nblk = ctx // bs
-    kc = randn(B * nblk + 1, bs, Hk, D, dtype=torch.float16, gen=g)
-    vc = randn(B * nblk + 1, bs, Hk, D, dtype=torch.float16, gen=g)
-    tables = torch.randperm(B * nblk + 1, generator=g)[: B * nblk].view(B, nblk).to(torch.int32).to(DEVICE)
-    sl = torch.tensor([ctx - 5 * b for b in range(B)], dtype=torch.int32, device=DEVICE)
-    q = randn(B, Hq, D, dtype=torch.float16, gen=g)
-    gate = randn(B, Hq, D, dtype=torch.float16, gen=g)
-    assert not kernel._decode_config(q, kc, tables, Hk, None)[4]        # the broadcast path
-    out = registry.call_triton("paged_decode_attention", q, kc, vc, tables, sl, D ** -0.5, gate=gate)
-    ref = registry.call_reference("paged_decode_attention", q, kc, vc, tables, sl, D ** -0.5, gate=gate)
-    assert_close(out, ref)
+    q = torch.zeros(B, Hq, 256, dtype=torch.float16, device=DEVICE)
+    tables = torch.zeros(B, ctx // 16, dtype=torch.int32, device=DEVICE)
+    k_cache = torch.zeros(1, 16, 4, 256, dtype=torch.float16, device=DEVICE)
+    assert not kernel._decode_config(q, k_cache, tables, 4, None)[4]       # the broadcast path
+    _decode_matches_reference_at_real_shape(B, ctx, Hq, seed=16, stagger=5)
 
 
 @gpu
