@@ -220,7 +220,11 @@ def _decode_config(q, k_cache, block_tables, num_kv, max_seq_len, block_n=None, 
         BLOCK_N = 64 if D <= 128 else 32
     else:
         BLOCK_G = next_pow2(G)
-        BLOCK_N = max(4, min(64, 8192 // (BLOCK_G * next_pow2(D))))
+        # the slots' accumulators [G, N, D] over 256 lanes: 32 registers a lane where two waves
+        # per SIMD can be had (decode_launch_options: G <= 4), else 64, one wave either way but
+        # a longer tile (gfx908, the 27B's G = 6 as 8: 43 -> 29.5 VALU per K/V element, 231 VGPRs)
+        acc_elems = 8192 if BLOCK_G <= 4 else 16384
+        BLOCK_N = max(4, min(64, acc_elems // (BLOCK_G * next_pow2(D))))
     if block_n is not None:
         BLOCK_N = block_n
     max_ctx = block_tables.shape[1] * k_cache.shape[1]
