@@ -258,7 +258,8 @@ def decode_launch_options(use_dot, rocm, BLOCK_G, BLOCK_N, BLOCK_D, num_warps) -
     D = 256, 8 positions) is 132 VGPRs without it, one wave per SIMD, and 127 with it at the
     same loop, five values that live across the loop (the epilogue's) parked outside it (AGPRs
     on gfx908, scratch on gfx906: once a program, none in the loop). The 27B's (G = 6, padded
-    to 8) would spill inside the loop: they keep 132 VGPRs (tests/kernels/test_gfx9_code.py)."""
+    to 8) would spill inside the loop: they take one wave with longer tiles (_decode_config;
+    tests/kernels/test_gfx9_code.py)."""
     if (use_dot or not rocm or BLOCK_G > 4
             or BLOCK_G * BLOCK_N * BLOCK_D > 32 * 64 * num_warps):
         return {}
