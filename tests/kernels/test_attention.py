@@ -32,6 +32,23 @@ def test_paged_decode(dtype, splits, with_gate):
     assert_close(out, ref)
 
 
+@pytest.mark.parametrize("splits", [None, 2])
+def test_paged_decode_many_query_heads_per_kv_head(splits):
+    """G = 6 (the 27B's), padded to 8 query rows: the broadcast path takes longer tiles there."""
+    g = torch.Generator().manual_seed(17)
+    Hq, Hk, D, bs = 12, 2, 40, 8
+    seq_lens = [3, 45, 90]
+    kc, vc = paged_cache(40, bs, Hk, D, torch.float16)
+    tables = fill_sequences(kc, vc, seq_lens, g)
+    q = randn(len(seq_lens), Hq, D, dtype=torch.float16, gen=g)
+    gate = randn(len(seq_lens), Hq, D, dtype=torch.float16, gen=g)
+    sl = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    args = (q, kc, vc, tables, sl, D ** -0.5)
+    ref = registry.call_reference("paged_decode_attention", *args, gate=gate)
+    kw = {} if splits is None else {"num_splits": splits}
+    assert_close(registry.call_triton("paged_decode_attention", *args, gate=gate, **kw), ref)
+
+
 @pytest.mark.parametrize("splits", [None, 5, 16])
 def test_paged_decode_short_sequences_in_a_wide_table(splits):
     """Decode graphs size the block tables for max_model_len: sequences much shorter than the
