@@ -11,62 +11,46 @@ from .conftest import DEVICE
 from .util import assert_close, fill_sequences, gpu, needs_gpu, paged_cache, randn
 
 
+def _decode_matches_reference(seed, Hq, Hk, D, bs, seq_lens, dtype, *, blocks=40, gated=True,
+                              wide=0, **kw):
+    """Sequences of seq_lens in a paged cache of `blocks` blocks (tables `wide` blocks wider
+    than they need), q and (gated) a gate: the Triton op, given kw, against the reference."""
+    g = torch.Generator().manual_seed(seed)
+    kc, vc = paged_cache(blocks, bs, Hk, D, dtype)
+    tables = fill_sequences(kc, vc, seq_lens, g)
+    if wide:
+        tables = torch.cat([tables, torch.zeros(len(seq_lens), wide, dtype=torch.int32, device=DEVICE)], 1)
+    q = randn(len(seq_lens), Hq, D, dtype=dtype, gen=g)
+    gate = randn(len(seq_lens), Hq, D, dtype=dtype, gen=g) if gated else None
+    sl = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    args = (q, kc, vc, tables, sl, D ** -0.5)
+    ref = registry.call_reference("paged_decode_attention", *args, gate=gate)
+    assert_close(registry.call_triton("paged_decode_attention", *args, gate=gate, **kw), ref)
+
+
+def _splits(splits):
+    return {} if splits is None else {"num_splits": splits}
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("splits", [None, 1, 3])
 @pytest.mark.parametrize("with_gate", [False, True])
 def test_paged_decode(dtype, splits, with_gate):
-    g = torch.Generator().manual_seed(10)
-    Hq, Hk, D, bs = 6, 2, 40, 8
-    seq_lens = [1, 37, 70]
-    kc, vc = paged_cache(40, bs, Hk, D, dtype)
-    tables = fill_sequences(kc, vc, seq_lens, g)
-    B = len(seq_lens)
-    q = randn(B, Hq, D, dtype=dtype, gen=g)
-    gate = randn(B, Hq, D, dtype=dtype, gen=g) if with_gate else None
-    sl = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
-    kw = {"gate": gate}
-    ref = registry.call_reference("paged_decode_attention", q, kc, vc, tables, sl, D ** -0.5, **kw)
-    if splits is not None:
-        kw["num_splits"] = splits
-    out = registry.call_triton("paged_decode_attention", q, kc, vc, tables, sl, D ** -0.5, **kw)
-    assert_close(out, ref)
+    _decode_matches_reference(10, 6, 2, 40, 8, [1, 37, 70], dtype, gated=with_gate, **_splits(splits))
 
 
 @pytest.mark.parametrize("splits", [None, 2])
 def test_paged_decode_many_query_heads_per_kv_head(splits):
     """G = 6 (the 27B's), padded to 8 query rows: the broadcast path takes longer tiles there."""
-    g = torch.Generator().manual_seed(17)
-    Hq, Hk, D, bs = 12, 2, 40, 8
-    seq_lens = [3, 45, 90]
-    kc, vc = paged_cache(40, bs, Hk, D, torch.float16)
-    tables = fill_sequences(kc, vc, seq_lens, g)
-    q = randn(len(seq_lens), Hq, D, dtype=torch.float16, gen=g)
-    gate = randn(len(seq_lens), Hq, D, dtype=torch.float16, gen=g)
-    sl = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
-    args = (q, kc, vc, tables, sl, D ** -0.5)
-    ref = registry.call_reference("paged_decode_attention", *args, gate=gate)
-    kw = {} if splits is None else {"num_splits": splits}
-    assert_close(registry.call_triton("paged_decode_attention", *args, gate=gate, **kw), ref)
+    _decode_matches_reference(17, 12, 2, 40, 8, [3, 45, 90], torch.float16, **_splits(splits))
 
 
 @pytest.mark.parametrize("splits", [None, 5, 16])
 def test_paged_decode_short_sequences_in_a_wide_table(splits):
     """Decode graphs size the block tables for max_model_len: sequences much shorter than the
     table share every split (each divides its own length), empty splits must weigh nothing."""
-    g = torch.Generator().manual_seed(15)
-    Hq, Hk, D, bs = 4, 2, 24, 4
-    seq_lens = [2, 19, 61, 5]
-    kc, vc = paged_cache(40, bs, Hk, D, torch.float32)
-    tables = fill_sequences(kc, vc, seq_lens, g)
-    tables = torch.cat([tables, torch.zeros(len(seq_lens), 48, dtype=torch.int32, device=DEVICE)], 1)
-    q = randn(len(seq_lens), Hq, D, dtype=torch.float32, gen=g)
-    gate = randn(len(seq_lens), Hq, D, dtype=torch.float32, gen=g)
-    sl = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
-    args = (q, kc, vc, tables, sl, D ** -0.5)
-    ref = registry.call_reference("paged_decode_attention", *args, gate=gate)
-    kw = {} if splits is None else {"num_splits": splits}
-    out = registry.call_triton("paged_decode_attention", *args, gate=gate, block_n=16, **kw)
-    assert_close(out, ref)
+    _decode_matches_reference(15, 4, 2, 24, 4, [2, 19, 61, 5], torch.float32, wide=48, block_n=16,
+                              **_splits(splits))
 
 
 @pytest.mark.parametrize("tile", [64, 128])
@@ -75,18 +59,8 @@ def test_paged_decode_reduce_split_over_head_columns(monkeypatch, tile):
     the last piece masked): every piece must weigh the same splits."""
     from g906.kernels.attention import kernel
     monkeypatch.setattr(kernel, "REDUCE_TILE", tile)
-    g = torch.Generator().manual_seed(13)
-    Hq, Hk, D, bs = 4, 2, 40, 4
-    seq_lens = [9, 70]
-    kc, vc = paged_cache(30, bs, Hk, D, torch.float32)
-    tables = fill_sequences(kc, vc, seq_lens, g)
-    q = randn(2, Hq, D, dtype=torch.float32, gen=g)
-    gate = randn(2, Hq, D, dtype=torch.float32, gen=g)
-    sl = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
-    args = (q, kc, vc, tables, sl, D ** -0.5)
-    ref = registry.call_reference("paged_decode_attention", *args, gate=gate)
-    out = registry.call_triton("paged_decode_attention", *args, gate=gate, block_n=16, num_splits=4)
-    assert_close(out, ref)
+    _decode_matches_reference(13, 4, 2, 40, 4, [9, 70], torch.float32, blocks=30, block_n=16,
+                              num_splits=4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
