@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from g906.engine.context import ForwardContext, write_step_rows
+from g906.engine.prefill_graphs import MIN_TOKENS as MIN_PREFILL_GRAPH_TOKENS
 from g906.engine.sampler import Sampler, SamplerRow, TokenLogprobs
 from g906.engine.scheduler import ScheduledBatch
 from g906.engine.sequence import Sequence
@@ -57,13 +58,14 @@ def prefill_graph_size(asked: int, *, graphs: bool, max_num_batched_tokens: int)
     """The largest prefill step the runner replays from graphs (0: none). graphs: the runner
     captures graphs at all (a GPU, a model that supports them, not enforce_eager)."""
     asked = int(asked)
-    if asked != 0 and asked < 16:
+    if asked != 0 and asked < MIN_PREFILL_GRAPH_TOKENS:
         # a value no graph can have (the smallest holds 16 tokens) is a mistake; off elsewhere
         # (the CPU, enforce_eager, smaller steps) is expected of an on-by-default setting
-        log.warning("prefill graphs off: prefill_graph_tokens must be 0 (off) or at least 16, not %d", asked)
+        log.warning("prefill graphs off: prefill_graph_tokens must be 0 (off) or at least %d, not %d",
+                    MIN_PREFILL_GRAPH_TOKENS, asked)
         return 0
     tokens = min(asked, max_num_batched_tokens) if graphs else 0
-    return tokens if tokens >= 16 else 0
+    return tokens if tokens >= MIN_PREFILL_GRAPH_TOKENS else 0
 
 
 class ModelRunner:
