@@ -68,7 +68,8 @@ def _kernel_and_signature(args):
                      PAIRS=(0 if args.no_pairs else args.pairs if args.pairs is not None
                             else 2 if args.qtype == "Q4_K" else 1),
                      SILU=False, PDL=args.pdl, WSPLIT=args.wsplit, ONE_IMM=args.one_imm, CVT=args.cvt,
-                     TOKEN_BLOCKS=False, PRELOAD=args.pdl and not args.prefetch, **norm)
+                     TOKEN_BLOCKS=False,
+                     PRELOAD=args.pdl and not args.prefetch and K.pq_preloads(args.qtype), **norm)
     return _signature(fn, ptrs, const, ALIGNED, {"eps", "eps_in"})
 
 

@@ -1257,12 +1257,16 @@ def _pq_gemv_config_cached(T, N, K, qtype, device):
     while (progs * split * 2 <= want and kw % (split * 2) == 0
            and (kw // (split * 2)) % (4 * ws * warps) == 0 and kw // (split * 2) >= 1024):
         split *= 2
-    # the first iteration loaded before the PDL wait (decode graphs on sm_90): H200, kernel
-    # run 11, Q4_K gate/up 62.2 -> 69.0% of the copy rate, 4096 x 4096 34 -> 47%, Q6_K and
-    # Q8_0 8192 x 4096 48 -> 60% and 66 -> 77%; Q5_K lost 1-4 points (123 -> 128 registers)
-    preload = qtype != "Q5_K"
     return dict(BLOCK_N=block_n, num_warps=warps, SPLIT=split, PREFETCH=prefetch, PAIRS=pairs,
-                WSPLIT=wsplit, ONE_IMM=rocm, CVT=rocm, BLOCK_T=block_t, PRELOAD=preload)
+                WSPLIT=wsplit, ONE_IMM=rocm, CVT=rocm, BLOCK_T=block_t, PRELOAD=pq_preloads(qtype))
+
+
+def pq_preloads(qtype) -> bool:
+    """Whether a packed GEMV loads its first iteration before the PDL wait (PRELOAD, decode
+    graphs on sm_90): H200, kernel run 11, Q4_K gate/up 62.2 -> 69.0% of the copy rate,
+    4096 x 4096 34 -> 47%, Q6_K and Q8_0 8192 x 4096 48 -> 60% and 66 -> 77%; Q5_K lost 1-4
+    points (123 -> 128 registers)."""
+    return qtype != "Q5_K"
 
 
 def _pq_rocm_decode(qtype):
