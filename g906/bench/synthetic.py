@@ -363,8 +363,8 @@ def weight_stats(model) -> dict[str, int]:
             # quantized weights, and fused ones kept as plain attributes (gate_up_weight)
             if _is_weight(v) or (isinstance(v, torch.Tensor) and name.endswith("weight")):
                 total += add(v)
-            elif hasattr(v, "linears") and hasattr(v, "weight") and v.weight is not None:   # FusedProjections
-                total += add(v.weight)
+            elif hasattr(v, "linears") and hasattr(v, "weights"):   # FusedProjections
+                total += sum(add(w) for w in v.weights)
     emb = model.model.embed_tokens.weight
     emb_bytes = sum(t.numel() * t.element_size() for t in _tensors_of(emb))
     rows = int(getattr(emb, "shape", (1,))[0]) or 1

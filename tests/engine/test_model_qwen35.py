@@ -328,10 +328,12 @@ def test_quantized_q8_0_weights(tiny_qwen35_hf_model):
     stats = model.load_weights(weights)
     assert stats["quantized_tensors"] > 20
     layers = model.model.layers
-    assert isinstance(layers[0].linear_attn.in_proj_qkv.weight, QuantizedTensor)
-    assert layers[0].linear_attn.in_proj.weight is None and layers[0].mlp.gate_up_weight is None
-    assert isinstance(layers[2].linear_attn.in_proj.weight, QuantizedTensor)   # stacked
-    assert isinstance(layers[1].self_attn.qkv.weight, QuantizedTensor)
+    # layer 0: the Q8_0 qkv, z and a stack, the dense b runs alone (one matmul per kind)
+    la0 = layers[0].linear_attn
+    assert [idx for idx, _ in la0.in_proj.stacks] == [[0, 1, 3]] and la0.in_proj_qkv.weight is None
+    assert isinstance(la0.in_proj_b.weight, torch.Tensor) and layers[0].mlp.gate_up_weight is None
+    assert [(idx, type(w)) for idx, w in layers[2].linear_attn.in_proj.stacks] == [([0, 1, 2, 3], QuantizedTensor)]
+    assert [(idx, type(w)) for idx, w in layers[1].self_attn.qkv.stacks] == [([0, 1, 2], QuantizedTensor)]
     assert isinstance(layers[1].mlp.gate_up_weight, QuantizedTensor)
     assert isinstance(model.model.embed_tokens.weight, QuantizedTensor)
     prompt = random_prompt(70, seed=70)

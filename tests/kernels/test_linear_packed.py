@@ -165,6 +165,31 @@ def test_engine_linear_hook_on_cpu():
     assert torch.equal(fused.dequantize(), ref.dequantize())
 
 
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_fused_projections_stack_per_kind(pack):
+    """A GGUF mix's projections of one input (Q5_K qkv, Q4_K z / b / a) run as one matmul per
+    kind, in the members' order; each output equals its own Linear's before fusing."""
+    from g906.engine.layers.linear import FusedProjections, Linear
+
+    kinds = [("Q5_K", 6), ("Q4_K", 5), ("Q4_K", 2), ("Q6_K", 3), ("Q4_K", 1)]
+    lins = []
+    for i, (qt, rows) in enumerate(kinds):
+        lin = Linear(512, rows)
+        w = QuantizedTensor(random_blocks(rows, 512, qt, 30 + i), qt, (rows, 512))
+        lin.set_weight("weight", repack.pack(w.data, qt, w.shape) if pack else w)
+        lins.append(lin)
+    x = randn(3, 512, dtype=torch.float32, gen=torch.Generator().manual_seed(7))
+    want = [lin(x) for lin in lins]
+    fp = FusedProjections(lins)
+    fp.fuse()
+    assert [idx for idx, _ in fp.stacks] == [[1, 2, 4]]          # the Q5_K and Q6_K stay alone
+    assert [lins[i].weight is None for i in range(5)] == [False, True, True, False, True]
+    got = fp(x)
+    assert [tuple(y.shape) for y in got] == [(3, r) for _, r in kinds]
+    for g, w in zip(got, want):
+        assert_close(g, w)
+
 @gpu
 @needs_gpu
 @pytest.mark.parametrize("qtype", QTYPES)

@@ -87,53 +87,76 @@ def project(x, weight):
     return ops.linear(x, weight)
 
 
+def _stack_key(w):
+    """Weights with equal keys stack into one matmul (fuse_weights); None: never stacked."""
+    if isinstance(w, torch.Tensor):
+        return ("dense", w.dtype, w.device, w.shape[1])
+    if _is_packed(w):
+        return ("packed", w.qtype, w.shape[1], w.device)
+    if isinstance(w, QuantizedTensor):
+        return ("gguf", w.qtype, w.data.shape[1], w.shape[1], w.data.device)
+    return None
+
+
 def fuse_weights(linears: list[Linear]):
     """One weight computing several projections of the same input in a single matmul: their
     rows stacked. Dense weights of one dtype, or QuantizedTensors of one qtype and row size;
     None when they cannot be stacked (mixed types, as in some GGUF mixes)."""
     ws = [lin.weight for lin in linears]
-    if any(w is None for w in ws):
+    keys = {_stack_key(w) for w in ws}
+    if len(keys) != 1 or None in keys:
         return None
-    if all(isinstance(w, torch.Tensor) for w in ws):
-        if len({(w.dtype, w.device, w.shape[1]) for w in ws}) != 1:
-            return None
+    if isinstance(ws[0], torch.Tensor):
         return torch.cat(ws, dim=0)
-    if all(_is_packed(w) for w in ws):
-        if len({(w.qtype, w.shape[1], w.device) for w in ws}) != 1:
-            return None
+    if _is_packed(ws[0]):
         from g906.kernels.linear.repack import cat_rows
 
         return cat_rows(ws)
-    if all(isinstance(w, QuantizedTensor) for w in ws):
-        if len({(w.qtype, w.data.shape[1], w.shape[1], w.data.device) for w in ws}) != 1:
-            return None
-        data = torch.cat([w.data for w in ws], dim=0)
-        return QuantizedTensor(data, ws[0].qtype, (int(sum(w.shape[0] for w in ws)), ws[0].shape[1]))
-    return None
+    data = torch.cat([w.data for w in ws], dim=0)
+    return QuantizedTensor(data, ws[0].qtype, (int(sum(w.shape[0] for w in ws)), ws[0].shape[1]))
 
 
 class FusedProjections:
-    """Several Linears over the same input, run as one matmul when their weights stack.
+    """Several Linears over the same input, run as few matmuls as their weights allow.
 
-    After fuse(), the member Linears drop their weights (the stacked copy replaces them);
-    __call__ returns the per-projection outputs (views of one result)."""
+    fuse() stacks the weights that stack: all of them into one matmul when they are of one
+    kind, else one per kind (a GGUF mix such as Q4_K_M has the linear-attention QKV in Q5_K
+    and its z, b, a in Q4_K: two GEMVs instead of four). Stacked members drop their weights
+    (the stacked copy replaces them); __call__ returns the per-projection outputs (views of
+    the matmuls' results)."""
 
     def __init__(self, linears: list[Linear]):
         self.linears = linears
         self.sizes = [lin.out_features for lin in linears]
-        self.weight = None
+        self.stacks: list[tuple[list[int], object]] = []   # (member indices, stacked weight)
+
+    @property
+    def weights(self) -> list:
+        """The stacked weights (bytes accounting)."""
+        return [w for _, w in self.stacks]
 
     def fuse(self) -> None:
-        w = fuse_weights(self.linears)
-        if w is not None:
-            self.weight = w
-            for lin in self.linears:
-                lin.set_weight("weight", None)
+        groups: dict = {}
+        for i, lin in enumerate(self.linears):
+            key = _stack_key(lin.weight)
+            groups.setdefault(key if key is not None else ("alone", i), []).append(i)
+        for idx in groups.values():
+            w = fuse_weights([self.linears[i] for i in idx]) if len(idx) > 1 else None
+            if w is not None:
+                self.stacks.append((idx, w))
+                for i in idx:
+                    self.linears[i].set_weight("weight", None)
 
     def __call__(self, x) -> list[torch.Tensor]:
         """x: a tensor or a NormedInput."""
-        if self.weight is None:
-            if isinstance(x, NormedInput):
-                x = x.materialize()
-            return [lin(x) for lin in self.linears]
-        return list(project(x, self.weight).split(self.sizes, dim=-1))
+        stacked = {i for idx, _ in self.stacks for i in idx}
+        alone = [i for i in range(len(self.linears)) if i not in stacked]
+        if isinstance(x, NormedInput) and len(self.stacks) + len(alone) > 1:
+            x = x.materialize()          # once, for all the matmuls
+        out: list = [None] * len(self.linears)
+        for idx, w in self.stacks:
+            for i, y in zip(idx, project(x, w).split([self.sizes[i] for i in idx], dim=-1)):
+                out[i] = y
+        for i in alone:
+            out[i] = self.linears[i](x)
+        return out
