@@ -176,7 +176,7 @@ def test_fused_projections_stack_per_kind(pack):
     lins = []
     for i, (qt, rows) in enumerate(kinds):
         lin = Linear(512, rows)
-        w = QuantizedTensor(random_blocks(rows, 512, qt, 30 + i), qt, (rows, 512))
+        w = qweight(rows, 512, qt, 30 + i)
         lin.set_weight("weight", repack.pack(w.data, qt, w.shape) if pack else w)
         lins.append(lin)
     x = randn(3, 512, dtype=torch.float32, gen=torch.Generator().manual_seed(7))
