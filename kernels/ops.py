@@ -17,6 +17,7 @@ from .activation import reference as _act
 from .argmax import reference as _argmax
 from .attention import reference as _attn
 from .conv1d import reference as _conv
+from .embedding import reference as _emb
 from .gdn import reference as _gdn
 from .kv_cache import reference as _kv
 from .linear import reference as _lin
@@ -88,6 +89,11 @@ registry.register("gated_delta_rule_prefill", _gdn.gated_delta_rule_prefill,
                   and _last_contig(q, k, v, a, b) and k.shape[-1] <= 256)
 registry.register("argmax", _argmax.argmax, "argmax.kernel:argmax",
                   lambda x: x.dim() == 2 and x.stride(1) == 1 and _ok(x))
+registry.register("embedding", _emb.embedding, "embedding.kernel:embedding",
+                  lambda w, ids, dtype: (getattr(w, "qtype", None) in FUSED_QTYPES
+                                         and w.shape[1] % 256 == 0 and w.data.stride(1) == 1
+                                         and ids.dim() == 1 and ids.is_contiguous()
+                                         and dtype in (torch.float16, torch.float32)))
 registry.register("linear", _lin.linear, "linear.kernel:linear", _linear_supports)
 # fused into the decode GEMV where its recompute is cheap (linear.kernel: FUSED_RECOMPUTE_MAX);
 # otherwise the Triton side runs the two ops through the registry, each in its own range
@@ -211,6 +217,12 @@ def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, cu_seqlens, ssm_stat
     return registry.dispatch("gated_delta_rule_prefill", q, k, v, a, b, A_log, dt_bias,
                              cu_seqlens, ssm_states, state_slots, has_initial_state,
                              v_head_order=v_head_order, chunk_size=chunk_size)
+
+
+def embedding(weight, ids, dtype):
+    """Rows ids (int [T]) of a GGUF-quantized embedding table (a QuantizedTensor [vocab, K]) as
+    dense [T, K] of dtype: one kernel on a GPU."""
+    return registry.dispatch("embedding", weight, ids, dtype)
 
 
 def linear(x, weight, *, add_norm=None, rms_of=None):

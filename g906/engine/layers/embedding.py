@@ -23,5 +23,5 @@ class Embedding(WeightHolder):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         w = self.weight
         if isinstance(w, QuantizedTensor):
-            return ops.dequantize_weight(w.select_rows(input_ids), self.dtype)
+            return ops.embedding(w, input_ids, self.dtype)
         return w.index_select(0, input_ids)

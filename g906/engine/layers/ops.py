@@ -9,6 +9,7 @@ from g906.kernels.ops import (  # noqa: F401
     causal_conv1d_decode,
     causal_conv1d_prefill,
     conv_gated_delta_rule_decode,
+    embedding,
     gated_delta_rule_decode,
     gated_delta_rule_prefill,
     gated_norm_linear,

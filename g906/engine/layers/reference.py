@@ -34,6 +34,11 @@ def dequantize_weight(w: QuantizedTensor, dtype: torch.dtype) -> torch.Tensor:
     return dequantize(w.data, w.qtype, w.shape).to(dtype)
 
 
+def embedding(weight: QuantizedTensor, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Rows ids of a quantized embedding table, dequantized to `dtype`."""
+    return dequantize_weight(weight.select_rows(ids), dtype)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedTensor) -> torch.Tensor:
     """y = x @ weight^T; a QuantizedTensor is dequantized on the fly."""
     if isinstance(weight, QuantizedTensor):
