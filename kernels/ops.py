@@ -95,6 +95,8 @@ registry.register("embedding", _emb.embedding, "embedding.kernel:embedding",
                                          and ids.dim() == 1 and ids.is_contiguous()
                                          and dtype in (torch.float16, torch.float32)))
 registry.register("linear", _lin.linear, "linear.kernel:linear", _linear_supports)
+registry.register("linear_pair", _lin.linear_pair, "linear.kernel:linear_pair",
+                  lambda x, w0, w1: _linear_supports(x, w0) and _linear_supports(x, w1))
 # fused into the decode GEMV where its recompute is cheap (linear.kernel: FUSED_RECOMPUTE_MAX);
 # otherwise the Triton side runs the two ops through the registry, each in its own range
 registry.register("silu_mul_linear", _lin.silu_mul_linear, "linear.kernel:silu_mul_linear",
@@ -238,6 +240,13 @@ def linear(x, weight, *, add_norm=None, rms_of=None):
         return registry.dispatch("linear", x, weight)
     return registry.dispatch("linear", x, weight, add_norm=add_norm, rms_of=rms_of)
 
+
+
+def linear_pair(x, w0, w1):
+    """(linear(x, w0), linear(x, w1)) for two weights that do not stack into one (a GGUF mix's
+    projections of one input in two types): on a GPU's decode path, one kernel launch for
+    both when they are repacked GGUF weights of one K."""
+    return registry.dispatch("linear_pair", x, w0, w1)
 
 def linear_fuses_norm(x, weight) -> bool:
     """Whether linear(x, weight) (and its silu / gated-norm forms) computes add_norm and

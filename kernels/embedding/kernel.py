@@ -18,9 +18,9 @@ from ..linear.kernel import QTYPES, STEP_BYTES, _dequant_step
 def _embedding_kernel(ids_ptr, w_ptr, out_ptr, sw_n, so, QT: tl.constexpr, STEP_B: tl.constexpr,
                       PDL: tl.constexpr = False):
     """Super-block program_id(1) (256 elements) of token program_id(0)'s row."""
+    pdl_start(PDL)
     t = tl.program_id(0)
     st = tl.program_id(1)
-    pdl_start(PDL)
     row = tl.load(ids_ptr + t).to(tl.int64)
     rowp = w_ptr + row * sw_n + st * STEP_B + tl.zeros([1, 1, 1], tl.int64)
     w0, e0, w1, e1 = _dequant_step(rowp, QT)

@@ -926,6 +926,51 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
                     WSPLIT: tl.constexpr = False, ONE_IMM: tl.constexpr = False,
                     CVT: tl.constexpr = False, TOKEN_BLOCKS: tl.constexpr = False,
                     PRELOAD: tl.constexpr = False):
+    """The packed GEMV: rows block program_id(0), split-K part program_id(1)
+    (_pq_gemv_program)."""
+    _pq_gemv_program(tl.program_id(0), tl.program_id(1), x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr,
+                     out_ptr, N, T, KW, sx, sq, sh, sa, sb, so, so_split, kw_len, one, QT, E, H,
+                     BLOCK_N, BLOCK_T, EVEN, PREFETCH, PAIRS, SILU, PDL, WSPLIT, ONE_IMM, CVT,
+                     TOKEN_BLOCKS, PRELOAD)
+
+
+@triton.jit
+def _pq_gemv_pair_kernel(x_ptr, out_ptr, T, sx, so, one, progs,
+                         qs_ptr, qh_ptr, a_ptr, b_ptr, N, KW, sq, sh, sa, sb,
+                         qs2_ptr, qh2_ptr, a2_ptr, b2_ptr, N2, KW2, sq2, sh2, sa2, sb2,
+                         QT: tl.constexpr, E: tl.constexpr, BLOCK_N: tl.constexpr,
+                         EVEN: tl.constexpr, PREFETCH: tl.constexpr, PAIRS: tl.constexpr,
+                         WSPLIT: tl.constexpr, PRELOAD: tl.constexpr,
+                         QT2: tl.constexpr, E2: tl.constexpr, BLOCK_N2: tl.constexpr,
+                         EVEN2: tl.constexpr, PREFETCH2: tl.constexpr, PAIRS2: tl.constexpr,
+                         WSPLIT2: tl.constexpr, PRELOAD2: tl.constexpr,
+                         H: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr = False,
+                         ONE_IMM: tl.constexpr = False, CVT: tl.constexpr = False,
+                         TOKEN_BLOCKS: tl.constexpr = False):
+    """Two packed GEMVs of one input in one launch: programs [0, progs)
+    compute the first weight's N rows into out[:, :N], the others the second's N2 rows into
+    out[:, N:], each with its own type and rows per program (one split of K each; linear_pair)."""
+    pid = tl.program_id(0)
+    if pid < progs:
+        _pq_gemv_program(pid, 0, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx,
+                         sq, sh, sa, sb, so, 0, KW, one, QT, E, H, BLOCK_N, BLOCK_T, EVEN,
+                         PREFETCH, PAIRS, False, PDL, WSPLIT, ONE_IMM, CVT, TOKEN_BLOCKS,
+                         PRELOAD)
+    else:
+        _pq_gemv_program(pid - progs, 0, x_ptr, qs2_ptr, qh2_ptr, a2_ptr, b2_ptr, out_ptr + N,
+                         N2, T, KW2, sx, sq2, sh2, sa2, sb2, so, 0, KW2, one, QT2, E2, H,
+                         BLOCK_N2, BLOCK_T, EVEN2, PREFETCH2, PAIRS2, False, PDL, WSPLIT2,
+                         ONE_IMM, CVT, TOKEN_BLOCKS, PRELOAD2)
+
+
+@triton.jit
+def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx,
+                     sq, sh, sa, sb, so, so_split, kw_len, one,
+                     QT: tl.constexpr, E: tl.constexpr, H: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr,
+                     PREFETCH: tl.constexpr, PAIRS: tl.constexpr, SILU: tl.constexpr,
+                     PDL: tl.constexpr, WSPLIT: tl.constexpr, ONE_IMM: tl.constexpr,
+                     CVT: tl.constexpr, TOKEN_BLOCKS: tl.constexpr, PRELOAD: tl.constexpr):
     """out[t, n] (or split-K partial pid_k) = x[t] . w[n] over words [pid_k * kw_len, +kw_len),
     for the BLOCK_T tokens of block program_id(2) (TOKEN_BLOCKS: there are several).
 
@@ -953,8 +998,6 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
     EV: tl.constexpr = 4 * E
     if ONE_IMM:
         one = 0x3F800000
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
     nn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = nn < N
     nc = tl.where(nmask, nn, 0).to(tl.int64)          # clamp: rows past N read row 0
@@ -1384,6 +1427,69 @@ def packed_matmul(x, pw, *, silu=False, **cfg):
         return _pq_dequant_matmul(x, pw, out)
     return _pq_gemm(x, pw, out, **cfg)
 
+
+
+def _pq_pair_configs(x, pws):
+    """The configs of the two GEMVs of linear_pair (one num_warps: the larger weight's),
+    or None where one launch does not apply: not two packed weights of one K, not the T <= 16
+    GEMV path (CUDA fp16 takes tensor cores from 2 tokens), a split K, or ROCm (its GEMVs' waves
+    per program differ by type; unmeasured on a gfx906, so they run one launch each)."""
+    T = x.shape[0]
+    if (len(pws) != 2 or any(getattr(w, "planes", None) is None for w in pws)
+            or pws[0].shape[1] != pws[1].shape[1] or not 0 < T <= 16 or is_rocm()
+            or x.shape[1] != pws[0].shape[1] or x.stride(1) != 1
+            or (T >= 2 and x.dtype == torch.float16 and x.device.type == "cuda")):
+        return None
+    K = x.shape[1]
+    cs = [_pq_gemv_config(T, w.shape[0], K, w.qtype, x.device) for w in pws]
+    if any(c["SPLIT"] != 1 for c in cs):
+        return None
+    warps = max(zip(pws, cs), key=lambda wc: wc[0].nbytes)[1]["num_warps"]
+    H = warp_size(x.device) * warps
+    pdl = bool(pdl_args(x.device))
+    for w, c in zip(pws, cs):
+        KW = K // PQ_E[w.qtype]
+        c["EVEN"] = KW % (4 * H) == 0
+        c["PREFETCH"] = bool(c["PREFETCH"]) and c["EVEN"] and KW // (4 * H) >= 4
+        c["PRELOAD"] = c["PRELOAD"] and pdl and not c["PREFETCH"]
+        c["num_warps"] = warps
+    return cs
+
+
+def linear_pair(x, w0, w1):
+    """(linear(x, w0), linear(x, w1)): two packed weights of different types read by one launch
+    (_pq_gemv_pair_kernel) where _pq_pair_configs allows (the outputs are then views of one
+    [T, N0 + N1] tensor), else one linear each. A GGUF mix's projections of one input (Q4_K_M's
+    linear attention: the Q5_K qkv and the Q4_K z / b / a) then cost one GEMV's start and tail."""
+    pws = (w0, w1)
+    cs = _pq_pair_configs(x, pws)
+    if cs is None:
+        return linear(x, w0), linear(x, w1)
+    T, K = x.shape
+    (a, b), (ca, cb) = pws, cs
+    out = empty((T, a.shape[0] + b.shape[0]), x.dtype, x.device)
+    progs = triton.cdiv(a.shape[0], ca["BLOCK_N"])
+    bt = ca["BLOCK_T"]
+    grid = (progs + triton.cdiv(b.shape[0], cb["BLOCK_N"]), 1, triton.cdiv(T, bt))
+
+    def seg(w, c, suffix):
+        qs, qh, pa, pb = _pq_args(w)
+        args = [qs, qh, pa, pb, w.shape[0], K // PQ_E[w.qtype], qs.stride(0), qh.stride(0),
+                pa.stride(0), pb.stride(0)]
+        const = {k + suffix: v for k, v in dict(
+            QT=PQ_QTYPES[w.qtype], E=PQ_E[w.qtype], BLOCK_N=c["BLOCK_N"], EVEN=c["EVEN"],
+            PREFETCH=c["PREFETCH"], PAIRS=c["PAIRS"], WSPLIT=c["WSPLIT"],
+            PRELOAD=c["PRELOAD"]).items()}
+        return args, const
+
+    args_a, const_a = seg(a, ca, "")
+    args_b, const_b = seg(b, cb, "2")
+    _pq_gemv_pair_kernel[grid](
+        x, out, T, x.stride(0), out.stride(0), 0x3F800000, progs, *args_a, *args_b,
+        H=warp_size(x.device) * ca["num_warps"], BLOCK_T=bt, ONE_IMM=ca["ONE_IMM"],
+        CVT=ca["CVT"], TOKEN_BLOCKS=T > bt, num_warps=ca["num_warps"], **const_a, **const_b,
+        **pdl_args(x.device))
+    return out[:, :a.shape[0]], out[:, a.shape[0]:]
 
 def _pq_gemm(x, pw, out, **cfg):
     """Tiled tl.dot path: prefill (T > 16), and T = 2..16 fp16 on CUDA (tensor cores; the

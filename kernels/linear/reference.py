@@ -144,6 +144,11 @@ def linear(x, weight, *, add_norm=None, rms_of=None):
     return add_norm_out((x.float() @ w.t()).to(x.dtype), add_norm)
 
 
+def linear_pair(x, w0, w1):
+    """(linear(x, w0), linear(x, w1)): two projections of one input (one launch on a GPU)."""
+    return linear(x, w0), linear(x, w1)
+
+
 def silu_mul_linear(x, weight, *, add_norm=None):
     """linear(silu_and_mul(x), weight): the fused decode GEMV's reference."""
     from ..activation.reference import silu_and_mul

@@ -167,12 +167,15 @@ def test_engine_linear_hook_on_cpu():
 
 
 @pytest.mark.parametrize("pack", [False, True])
-def test_fused_projections_stack_per_kind(pack):
+@pytest.mark.parametrize("kinds,stacks", [
+    ([("Q5_K", 6), ("Q4_K", 5), ("Q4_K", 2), ("Q6_K", 3), ("Q4_K", 1)], [[1, 2, 4]]),
+    ([("Q5_K", 6), ("Q4_K", 5), ("Q4_K", 2), ("Q4_K", 1)], [[1, 2, 3]]),     # two: linear_pair
+])
+def test_fused_projections_stack_per_kind(pack, kinds, stacks):
     """A GGUF mix's projections of one input (Q5_K qkv, Q4_K z / b / a) run as one matmul per
     kind, in the members' order; each output equals its own Linear's before fusing."""
     from g906.engine.layers.linear import FusedProjections, Linear
 
-    kinds = [("Q5_K", 6), ("Q4_K", 5), ("Q4_K", 2), ("Q6_K", 3), ("Q4_K", 1)]
     lins = []
     for i, (qt, rows) in enumerate(kinds):
         lin = Linear(512, rows)
@@ -183,12 +186,33 @@ def test_fused_projections_stack_per_kind(pack):
     want = [lin(x) for lin in lins]
     fp = FusedProjections(lins)
     fp.fuse()
-    assert [idx for idx, _ in fp.stacks] == [[1, 2, 4]]          # the Q5_K and Q6_K stay alone
-    assert [lins[i].weight is None for i in range(5)] == [False, True, True, False, True]
+    assert [idx for idx, _ in fp.stacks] == stacks               # the Q5_K and Q6_K stay alone
+    assert [lin.weight is None for lin in lins] == [i in stacks[0] for i in range(len(kinds))]
     got = fp(x)
     assert [tuple(y.shape) for y in got] == [(3, r) for _, r in kinds]
     for g, w in zip(got, want):
         assert_close(g, w)
+
+
+@pytest.mark.parametrize("types", [("Q5_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q8_0", "Q4_0")])
+@pytest.mark.parametrize("K,T", [(512, 1), (2048, 1), (512, 3)])
+def test_linear_pair_one_launch(types, K, T):
+    """Two packed weights of different types over one input, one launch: each output equals
+    its own GEMV's reference (row tails, masked and even K, a few tokens)."""
+    from g906.kernels.linear import kernel
+
+    ws = [qweight(n, K, qt, 40 + i) for i, (qt, n) in enumerate(zip(types, (13, 6)))]
+    pws = [repack.pack(w.data, w.qtype, w.shape) for w in ws]
+    x = randn(T, K, dtype=torch.float16, gen=torch.Generator().manual_seed(8))
+    paired = kernel._pq_pair_configs(x, pws) is not None
+    assert paired == (DEVICE == "cpu" or T == 1)        # CUDA fp16 from 2 tokens: tensor cores
+    got = registry.call_triton("linear_pair", x, *pws)
+    if paired:                                            # views of one [T, 13 + 6] output
+        assert got[0].data_ptr() + 13 * got[0].element_size() == got[1].data_ptr()
+    for g, w in zip(got, ws):
+        assert_close(g, registry.call_reference("linear", x, w))
+    other = repack.pack(qweight(4, 256, "Q4_K", 50).data, "Q4_K", (4, 256))
+    assert kernel._pq_pair_configs(x, [pws[0], other]) is None     # another K: one launch each
 
 @gpu
 @needs_gpu

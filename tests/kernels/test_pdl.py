@@ -34,7 +34,9 @@ def test_pdl_only_inside_graph_launches(monkeypatch):
 
 # kernels that read, before their wait, what the kernel before them does not write (pdl.py):
 # the GEMVs their weights, the recurrent step its slot's state and conv taps
-EARLY_READERS = {"_gemv_kernel", "_pq_gemv_kernel", "_gdn_decode_kernel"}
+EARLY_READERS = {"_gemv_kernel", "_pq_gemv_program", "_gdn_decode_kernel"}
+# kernels whose programs are such a function (called with the kernel's PDL)
+DELEGATES = {"_pq_gemv_kernel": "_pq_gemv_program", "_pq_gemv_pair_kernel": "_pq_gemv_program"}
 
 
 def test_every_kernel_with_a_pdl_switch_waits_first():
@@ -44,8 +46,8 @@ def test_every_kernel_with_a_pdl_switch_waits_first():
     import importlib
     import inspect
 
-    names = ["activation", "argmax", "attention", "conv1d", "gdn", "kv_cache", "linear", "norm",
-             "rotary"]
+    names = ["activation", "argmax", "attention", "conv1d", "embedding", "gdn", "kv_cache",
+             "linear", "norm", "rotary"]
     found = 0
     for name in names:
         mod = importlib.import_module(f"g906.kernels.{name}.kernel")
@@ -58,10 +60,16 @@ def test_every_kernel_with_a_pdl_switch_waits_first():
             body = inspect.getsource(fn).split('"""')
             code = body[-1] if len(body) >= 3 else inspect.getsource(fn).split("):\n", 1)[1]
             lines = [line.strip() for line in code.splitlines() if line.strip()]
+            if fn.__name__ in DELEGATES:
+                assert not any(w in line for line in lines for w in ("store", "atomic")), fn.__name__
+                assert any(line.startswith(DELEGATES[fn.__name__] + "(") for line in lines), fn.__name__
+                continue
             if fn.__name__ not in EARLY_READERS:
                 assert lines[0] == "pdl_start(PDL)", (name, fn.__name__, lines[0])
                 continue
             before = lines[:lines.index("pdl_start(PDL)")]
             assert not any(w in line for line in before for w in ("store", "atomic", "conv_finish")), \
                 (fn.__name__, before)
-    assert found == 14       # 11 decode kernels, the q/k norm + rotary, the two argmax passes
+    # 11 decode kernels, the q/k norm + rotary, the two argmax passes, the packed GEMV's program
+    # and its pair kernel, the quantized embedding
+    assert found == 17

@@ -148,15 +148,21 @@ class FusedProjections:
                     self.linears[i].set_weight("weight", None)
 
     def __call__(self, x) -> list[torch.Tensor]:
-        """x: a tensor or a NormedInput."""
+        """x: a tensor or a NormedInput. Two matmuls left (two kinds) run as ops.linear_pair:
+        one launch on a GPU's decode path."""
         stacked = {i for idx, _ in self.stacks for i in idx}
-        alone = [i for i in range(len(self.linears)) if i not in stacked]
-        if isinstance(x, NormedInput) and len(self.stacks) + len(alone) > 1:
+        mats = self.stacks + [([i], self.linears[i].weight) for i in range(len(self.linears))
+                              if i not in stacked]
+        if len(mats) == 1:
+            return list(project(x, mats[0][1]).split(self.sizes, dim=-1))
+        if isinstance(x, NormedInput):
             x = x.materialize()          # once, for all the matmuls
+        if len(mats) == 2:
+            ys = ops.linear_pair(x, mats[0][1], mats[1][1])
+        else:
+            ys = [ops.linear(x, w) for _, w in mats]
         out: list = [None] * len(self.linears)
-        for idx, w in self.stacks:
-            for i, y in zip(idx, project(x, w).split([self.sizes[i] for i in idx], dim=-1)):
-                out[i] = y
-        for i in alone:
-            out[i] = self.linears[i](x)
+        for (idx, _), y in zip(mats, ys):
+            for i, part in zip(idx, y.split([self.sizes[i] for i in idx], dim=-1)):
+                out[i] = part
         return out

@@ -46,6 +46,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedTensor) -> torch.Ten
     return F.linear(x, weight)
 
 
+def linear_pair(x: torch.Tensor, w0, w1) -> tuple[torch.Tensor, torch.Tensor]:
+    return linear(x, w0), linear(x, w1)
+
+
 def linear_fuses_norm(x, weight) -> bool:
     """This module computes each RMSNorm on its own (no add_norm / rms_of in its linear)."""
     return False
