@@ -1345,7 +1345,8 @@ def _pq_cuda_decode(qtype, N, K, sms):
     - Q6_K: 4 rows, split words from N = 2048 (4096 x 12288 18.3 us against 18.9, 12288 x 4096
       17.8 against 19.0); 1 warp from N = 16384 (the LM head 248320: 259-271 us against 275
       with PREFETCH unsplit), 2 with PREFETCH between; 4 warps at N <= 1024 (4.3 us, where
-      the unsplit kernel took 4.0; it is gone);
+      the unsplit kernel took 4.0; it is gone) and for the down projections (K >= 12288: under
+      PDL 15.5 us against 16.0 with 2 warps and PREFETCH, run 11);
     - Q8_0: 4 rows, unsplit; from N = 16384 2 warps with PREFETCH (24576: 28.5 us against
       30.3), else warps so that the grid holds about 24 warps per SM (N = 12288: 1, N = 4096:
       4, with PREFETCH).
@@ -1360,7 +1361,7 @@ def _pq_cuda_decode(qtype, N, K, sms):
     if qtype == "Q6_K":
         if N >= 16384:
             return 4, 1, False, 1, True
-        if N <= 1024:
+        if N <= 1024 or K >= 12288:
             return 4, 4, False, 1, True
         return 4, 2, True, 1, True
     if N >= 16384:
