@@ -11,8 +11,9 @@ Rows (random weights of the real Qwen3.5 shapes, built on the device by g906.ben
   measured fp16 matmul rate;
   9B F16, 64 concurrent requests of 512 prompt / 256 output tokens (output tok/s).
 transformers runs the same random weights (9B F16 and 0.8B F16, batch 1) for the ratio; it
-cannot run the GGUF-quantized rows. Each decode row also gets a kernel profile of a few eager
-steps (where the time goes). The table is printed at the end; everything (with the date, GPU,
+cannot run the GGUF-quantized rows. Each decode row also gets two kernel profiles (where the time
+goes): of a few eager steps, and of graph-replayed steps as the engine decodes (each kernel's time
+on the critical path, PDL overlap counted once: kernel_timeline). The table is printed at the end; everything (with the date, GPU,
 versions and commit) goes to OUT/engine.json (--out is a directory or a .json path; $OUT is
 used when set).
 """
@@ -151,6 +152,59 @@ def profile_decode(engine, steps: int = 8, top: int = 15) -> dict:
             "kernels": rows}
 
 
+def kernel_timeline(events: list[dict], steps: int, top: int = 20) -> dict:
+    """Per kernel (name and grid), its time on the critical path of `steps` decode steps: from
+    the end of the kernel before it to its own end. Under PDL a kernel starts while the one
+    before it finishes, so its own duration counts that overlap twice; this does not, and the
+    gaps between steps (the host's) go to the step's first kernel. events: chrome-trace kernel
+    events (ts, dur in µs, args.grid)."""
+    evs = sorted(events, key=lambda e: e["ts"])
+    per: dict[str, list[float]] = {}
+    prev_end = None
+    for e in evs:
+        end = e["ts"] + e["dur"]
+        name = f"{e['name'][:60]} {e.get('args', {}).get('grid', '')}".strip()
+        eff = end - (e["ts"] if prev_end is None else min(prev_end, end))
+        prev_end = end if prev_end is None else max(prev_end, end)
+        per.setdefault(name, []).append(eff)
+    span = (prev_end - evs[0]["ts"]) / steps if evs else 0.0
+    rows = [{"name": k, "us_per_step": round(sum(v) / steps, 1), "calls_per_step": round(len(v) / steps, 1),
+             "us_per_call": round(sum(v) / len(v), 2)} for k, v in per.items()]
+    rows.sort(key=lambda r: -r["us_per_step"])
+    return {"us_per_step": round(span, 1), "kernels_per_step": round(len(evs) / steps, 1), "kernels": rows[:top]}
+
+
+def profile_graph_decode(engine, steps: int = 8) -> dict:
+    """kernel_timeline of `steps` decode steps as the engine runs them (graph replays, PDL)."""
+    import tempfile
+
+    from g906.engine.sampling_params import SamplingParams
+
+    dev = torch.device(str(engine.loaded.info.get("device", "cpu")))
+    vocab = engine.model_config.vocab_size
+    engine.add_request("__graph_profile", [(13 * i + 5) % vocab for i in range(64)],
+                       SamplingParams(temperature=0, max_tokens=steps + 8, ignore_eos=True))
+    for _ in range(4):                           # prefill, then decode steps out of the window
+        engine.step()
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if dev.type == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+        torch.cuda.synchronize(dev)
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(steps):
+            engine.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+    while engine.has_unfinished_requests():
+        engine.step()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            trace = json.load(f)
+    kernels = [e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel"]
+    return kernel_timeline(kernels, steps)
+
 def run_rows(args, device: torch.device, out: dict, save) -> None:
     """The groups in priority order; each adds its rows and saves the JSON, and a group that
     would start after the time budget is skipped (recorded as such)."""
@@ -191,6 +245,7 @@ def run_rows(args, device: torch.device, out: dict, save) -> None:
         if not args.no_profile:
             try:
                 prof = profile_decode(engine)
+                prof["graphs"] = profile_graph_decode(engine)
             except Exception as exc:           # a profile is a bonus, never a failure
                 prof = {"error": f"{type(exc).__name__}: {exc}"}
         add(row_id, label, dec, "tok/s", limit=round(limit, 1), pct=round(100 * dec / limit, 1),

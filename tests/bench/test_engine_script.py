@@ -27,6 +27,7 @@ def test_engine_script_quick(tmp_path, capsys):
     (row,) = data["rows"]
     assert row["id"] == "0.8b-f16-decode" and row["value"] > 0 and 0 < row["pct_of_limit"]
     assert row["detail"]["profile"]["kernels"] is not None
+    assert row["detail"]["profile"]["graphs"]["kernels"] == []     # the CPU runs no kernels
     assert "| 0.8B F16 decode b=1 |" in capsys.readouterr().out
     assert data["prefill_graph_tokens"] == 512            # the engine's default (no graphs on the CPU)
 
@@ -35,3 +36,17 @@ def test_engine_script_refuses_negative_prefill_graphs(capsys):
     with pytest.raises(SystemExit) as info:
         _script().main(["--quick", "--device", "cpu", "--prefill-graphs", "-1"])
     assert info.value.code == 2 and "--prefill-graphs must be 0 or more" in capsys.readouterr().err
+
+
+def test_kernel_timeline_counts_pdl_overlap_once():
+    """Each kernel costs the time from the end of the one before it to its own end: a kernel
+    that starts early (PDL) is not charged its overlap, a gap goes to the kernel after it."""
+    ev = [dict(name="a", ts=0.0, dur=10.0, args={"grid": [4, 1, 1]}),
+          dict(name="b", ts=8.0, dur=5.0, args={"grid": [2, 1, 1]}),     # starts 2 us early
+          dict(name="a", ts=20.0, dur=10.0, args={"grid": [4, 1, 1]}),   # after a 7 us gap
+          dict(name="c", ts=21.0, dur=3.0)]                              # inside a's span
+    t = _script().kernel_timeline(ev, steps=2)
+    got = {r["name"]: (r["us_per_step"], r["calls_per_step"]) for r in t["kernels"]}
+    assert got == {"a [4, 1, 1]": (13.5, 1.0), "b [2, 1, 1]": (1.5, 0.5), "c": (0.0, 0.5)}
+    assert t["us_per_step"] == 15.0 and t["kernels_per_step"] == 2.0
+    assert [r["name"] for r in t["kernels"]][0] == "a [4, 1, 1]"
