@@ -417,8 +417,11 @@ def _launches(s: dict, zero_centred: bool) -> dict:
     hq, hk = s["num_attention_heads"], s["num_key_value_heads"]
     lk, dk = s["linear_num_key_heads"], s["linear_key_head_dim"]
     lv, dv = s["linear_num_value_heads"], s["linear_value_head_dim"]
+    from g906.engine.weights import QuantizedTensor
+    from g906.kernels.linear import kernel as linear_kernel
+
     mods = {n: importlib.import_module(f"g906.kernels.{n}.kernel")
-            for n in ("norm", "rotary", "gdn", "activation")}
+            for n in ("norm", "rotary", "gdn", "activation", "embedding")}
     rot = d // 4                                  # partial rotary: a quarter of the head
     # views of the fused projections' outputs, as the layers take them apart
     qkv_out = z(1, 2 * hq * d + 2 * hk * d)
@@ -447,6 +450,10 @@ def _launches(s: dict, zero_centred: bool) -> dict:
             z(1, lv, dv), zg.view(1, lv, dv), z(dv), 1e-6)),
         "silu_and_mul": ("activation", "_silu_and_mul_kernel", lambda: mods["activation"].silu_and_mul(
             z(1, 2 * i))),
+        # a GGUF token embedding (a few rows stand for the vocabulary: only the row stride counts)
+        **{f"embedding {q}": ("embedding", "_embedding_kernel", lambda q=q: mods["embedding"].embedding(
+            QuantizedTensor(z(8, h // 256 * linear_kernel.STEP_BYTES[q], dtype=torch.uint8), q, (8, h)),
+            z(1, dtype=i64), f16)) for q in ("Q8_0", "Q4_K", "Q5_K", "Q6_K")},
     }
 
 
@@ -487,6 +494,7 @@ def _fused_gemvs(s: dict, zero_centred: bool) -> dict:
 
 LAUNCHERS = ("rms_norm", "qk_norm_rotary", "gdn_decode grouped", "gdn_decode tiled", "gated_rms_norm",
              "silu_and_mul", "silu_mul_linear F16", "gated_norm_linear F16",
+             *(f"embedding {q}" for q in ("Q8_0", "Q4_K", "Q5_K", "Q6_K")),
              *(f"silu_mul_linear {q}" for q in QTYPES))
 _FUSED = {n for n in LAUNCHERS if n.startswith(("silu_mul_linear", "gated_norm_linear"))}
 
