@@ -373,6 +373,60 @@ def run_rows(args, device: torch.device, out: dict, save) -> None:
         free()
 
 
+GEMV_KEYS = {"BLOCK_N": int, "num_warps": int, "SPLIT": int, "PAIRS": int, "PREFETCH": bool,
+             "WSPLIT": bool, "PRELOAD": bool}
+
+
+def parse_gemv_config(spec: str) -> tuple[tuple[str, int, int], dict]:
+    """'Q4_K:4096x4096:BLOCK_N=4,num_warps=2' -> (("Q4_K", 4096, 4096), {...}): the batch-1
+    packed GEMV config of one weight type and shape (rows x in-features; kernel.py
+    _pq_gemv_config's keys). ValueError naming what is wrong."""
+    parts = spec.split(":")
+    if len(parts) != 3:
+        raise ValueError(f"{spec!r}: expected QTYPE:NxK:KEY=VALUE[,KEY=VALUE...]")
+    qtype, shape, kvs = parts
+    from g906.kernels.linear.kernel import PQ_QTYPES
+
+    if qtype not in PQ_QTYPES:
+        raise ValueError(f"{spec!r}: unknown packed type {qtype!r} (one of {', '.join(PQ_QTYPES)})")
+    try:
+        n, k = (int(v) for v in shape.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"{spec!r}: shape {shape!r} is not ROWSxIN (e.g. 4096x4096)") from None
+    cfg = {}
+    for kv in filter(None, kvs.split(",")):
+        key, _, val = kv.partition("=")
+        if key not in GEMV_KEYS or not val:
+            raise ValueError(f"{spec!r}: {kv!r} is not KEY=VALUE with KEY one of {', '.join(GEMV_KEYS)}")
+        if GEMV_KEYS[key] is bool:
+            if val.lower() not in ("0", "1", "true", "false"):
+                raise ValueError(f"{spec!r}: {key} takes true/false or 1/0, not {val!r}")
+            cfg[key] = val.lower() in ("1", "true")
+        else:
+            try:
+                cfg[key] = int(val)
+            except ValueError:
+                raise ValueError(f"{spec!r}: {key} takes an integer, not {val!r}") from None
+    return (qtype, n, k), cfg
+
+
+def apply_gemv_configs(table: dict) -> None:
+    """The engine's batch-1 packed GEMVs of these (qtype, rows, in-features) take these configs
+    (an in-engine sweep: a GEMV's best config alone is not always its best among the step's
+    kernels, docs/PERF.md E20)."""
+    from g906.kernels.linear import kernel as K
+
+    base = getattr(K._pq_gemv_config, "__wrapped__", K._pq_gemv_config)
+
+    def config(T, N, Kd, qtype, device):
+        c = base(T, N, Kd, qtype, device)
+        if T == 1:
+            c.update(table.get((qtype, N, Kd), {}))
+        return c
+
+    config.__wrapped__ = base
+    K._pq_gemv_config = config
+
 def fmt(x, spec="{:,.0f}") -> str:
     if x is None:
         return "—"
@@ -412,14 +466,23 @@ def main(argv=None) -> int:
                     help="replay prefill steps of up to N tokens from graphs (default: the engine's, "
                          f"{DEFAULT_PREFILL_GRAPH_TOKENS}; 0: eager prefill; the 9B prefill row also runs eager, for "
                          "comparison)")
+    ap.add_argument("--gemv-config", action="append", default=[], metavar="QTYPE:NxK:KEY=VALUE,...",
+                    help="the batch-1 packed GEMV config of a weight type and shape, e.g. "
+                         "Q4_K:4096x4096:BLOCK_N=4,num_warps=2 (keys: " + ", ".join(GEMV_KEYS) + "); repeatable")
     args = ap.parse_args(argv)
     if args.prefill_graphs < 0:
         ap.error(f"--prefill-graphs must be 0 or more, not {args.prefill_graphs}")
+    try:
+        gemv_configs = dict(parse_gemv_config(spec) for spec in args.gemv_config)
+    except ValueError as exc:
+        ap.error(f"--gemv-config {exc}")
+    if gemv_configs:
+        apply_gemv_configs(gemv_configs)
     args.groups = [g.strip() for g in args.groups.split(",") if g.strip()]
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     t0 = time.perf_counter()
     out = {"env": environment(device), "quick": args.quick, "prefill_graph_tokens": args.prefill_graphs,
-           "rows": [], "transformers": {}, "eager_vs_graphs": {}}
+           "gemv_configs": args.gemv_config, "rows": [], "transformers": {}, "eager_vs_graphs": {}}
     log(f"device {out['env'].get('gpu', device)}; measuring copy bandwidth and the fp16 matmul rate")
     out["copy_bandwidth_bytes_s"] = measure_copy_bandwidth(device)
     out["matmul_flops_s"] = measure_matmul_flops(device)

@@ -50,3 +50,32 @@ def test_kernel_timeline_counts_pdl_overlap_once():
     assert got == {"a [4, 1, 1]": (13.5, 1.0), "b [2, 1, 1]": (1.5, 0.5), "c": (0.0, 0.5)}
     assert t["us_per_step"] == 15.0 and t["kernels_per_step"] == 2.0
     assert [r["name"] for r in t["kernels"]][0] == "a [4, 1, 1]"
+
+
+def test_gemv_config_overrides(monkeypatch, capsys):
+    """--gemv-config: one weight shape's batch-1 packed GEMV config, checked as it is parsed."""
+    import torch
+
+    from g906.kernels.linear import kernel as K
+
+    mod = _script()
+    key, cfg = mod.parse_gemv_config("Q4_K:4096x4096:BLOCK_N=4,num_warps=2,PREFETCH=false")
+    assert key == ("Q4_K", 4096, 4096) and cfg == {"BLOCK_N": 4, "num_warps": 2, "PREFETCH": False}
+    monkeypatch.setattr(K, "_pq_gemv_config", K._pq_gemv_config)      # restored after the test
+    cpu = torch.device("cpu")
+    before = K._pq_gemv_config(1, 4096, 4096, "Q4_K", cpu)
+    mod.apply_gemv_configs({key: cfg})
+    mod.apply_gemv_configs({key: cfg})                                  # twice: wraps the original once
+    got = K._pq_gemv_config(1, 4096, 4096, "Q4_K", cpu)
+    assert got == {**before, **cfg} and got["BLOCK_N"] == 4
+    assert K._pq_gemv_config(2, 4096, 4096, "Q4_K", cpu) == K._pq_gemv_config.__wrapped__(2, 4096, 4096, "Q4_K", cpu)
+    assert K._pq_gemv_config(1, 8192, 4096, "Q4_K", cpu) == K._pq_gemv_config.__wrapped__(1, 8192, 4096, "Q4_K", cpu)
+    for bad, why in [("Q4_K:4096x4096", "expected QTYPE:NxK"), ("Q3_K:1x256:BLOCK_N=4", "unknown packed type"),
+                     ("Q4_K:4096:BLOCK_N=4", "is not ROWSxIN"), ("Q4_K:4096x4096:ROWS=4", "is not KEY=VALUE"),
+                     ("Q4_K:4096x4096:BLOCK_N=four", "takes an integer"),
+                     ("Q4_K:4096x4096:PREFETCH=maybe", "takes true/false")]:
+        with pytest.raises(ValueError, match=why):
+            mod.parse_gemv_config(bad)
+    with pytest.raises(SystemExit) as info:
+        mod.main(["--quick", "--device", "cpu", "--gemv-config", "Q4_K:4096x4096:ROWS=4"])
+    assert info.value.code == 2 and "--gemv-config 'Q4_K:4096x4096:ROWS=4': 'ROWS=4' is not" in capsys.readouterr().err
