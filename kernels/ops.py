@@ -241,12 +241,12 @@ def linear(x, weight, *, add_norm=None, rms_of=None):
     return registry.dispatch("linear", x, weight, add_norm=add_norm, rms_of=rms_of)
 
 
-
 def linear_pair(x, w0, w1):
     """(linear(x, w0), linear(x, w1)) for two weights that do not stack into one (a GGUF mix's
     projections of one input in two types): on a GPU's decode path, one kernel launch for
     both when they are repacked GGUF weights of one K."""
     return registry.dispatch("linear_pair", x, w0, w1)
+
 
 def linear_fuses_norm(x, weight) -> bool:
     """Whether linear(x, weight) (and its silu / gated-norm forms) computes add_norm and

@@ -1401,14 +1401,11 @@ def packed_matmul(x, pw, *, silu=False, **cfg):
         KW = K // E
         kw_len = triton.cdiv(triton.cdiv(KW, split), 16) * 16
         split = triton.cdiv(KW, kw_len)
-        even = kw_len % (4 * H) == 0 and KW % kw_len == 0
-        # the next iteration's loads issued early: only where there are several (H200: with
-        # 2 iterations, Q8_0 4096x4096, it cost 3%)
-        prefetch = bool(c.get("PREFETCH")) and even and kw_len // (4 * H) >= 4
         bt = c["BLOCK_T"]
         pdl = pdl_args(x.device)
         # the peeled first iteration pays only before a PDL wait (cfg may force it: tests)
         preload = cfg["PRELOAD"] if "PRELOAD" in cfg else c["PRELOAD"] and bool(pdl)
+        even, prefetch, preload = _pq_loop_flags(KW, kw_len, H, c.get("PREFETCH"), preload)
         if split == 1:
             dst, so_split = out, 0
         else:
@@ -1419,8 +1416,7 @@ def packed_matmul(x, pw, *, silu=False, **cfg):
             a.stride(0), b.stride(0), dst.stride(-2), so_split, kw_len, 0x3F800000,
             QT=QT, E=E, H=H, BLOCK_N=BN, BLOCK_T=bt, EVEN=even, PREFETCH=prefetch,
             PAIRS=c["PAIRS"], SILU=silu, WSPLIT=c["WSPLIT"], ONE_IMM=c["ONE_IMM"], CVT=c["CVT"],
-            TOKEN_BLOCKS=T > bt, num_warps=warps,
-            PRELOAD=preload and not prefetch, **pdl)
+            TOKEN_BLOCKS=T > bt, num_warps=warps, PRELOAD=preload, **pdl)
         if split > 1:
             torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
         return out
@@ -1428,6 +1424,15 @@ def packed_matmul(x, pw, *, silu=False, **cfg):
         return _pq_dequant_matmul(x, pw, out)
     return _pq_gemm(x, pw, out, **cfg)
 
+
+def _pq_loop_flags(KW, kw_len, H, prefetch, preload):
+    """(EVEN, PREFETCH, PRELOAD) of packed GEMV programs of kw_len of a row's KW words and H
+    threads: PREFETCH (the next iteration's loads issued early) only where each program has
+    several whole iterations (H200: with 2 iterations, Q8_0 4096x4096, it cost 3%); PRELOAD
+    (the first iteration peeled before the PDL wait) where PREFETCH is not."""
+    even = kw_len % (4 * H) == 0 and KW % kw_len == 0
+    prefetch = bool(prefetch) and even and kw_len // (4 * H) >= 4
+    return even, prefetch, bool(preload) and not prefetch
 
 
 def _pq_pair_configs(x, pws):
@@ -1450,9 +1455,8 @@ def _pq_pair_configs(x, pws):
     pdl = bool(pdl_args(x.device))
     for w, c in zip(pws, cs):
         KW = K // PQ_E[w.qtype]
-        c["EVEN"] = KW % (4 * H) == 0
-        c["PREFETCH"] = bool(c["PREFETCH"]) and c["EVEN"] and KW // (4 * H) >= 4
-        c["PRELOAD"] = c["PRELOAD"] and pdl and not c["PREFETCH"]
+        c["EVEN"], c["PREFETCH"], c["PRELOAD"] = _pq_loop_flags(KW, KW, H, c["PREFETCH"],
+                                                                c["PRELOAD"] and pdl)
         c["num_warps"] = warps
     return cs
 
@@ -1491,6 +1495,7 @@ def linear_pair(x, w0, w1):
         CVT=ca["CVT"], TOKEN_BLOCKS=T > bt, num_warps=ca["num_warps"], **const_a, **const_b,
         **pdl_args(x.device))
     return out[:, :a.shape[0]], out[:, a.shape[0]:]
+
 
 def _pq_gemm(x, pw, out, **cfg):
     """Tiled tl.dot path: prefill (T > 16), and T = 2..16 fp16 on CUDA (tensor cores; the
