@@ -160,19 +160,23 @@ def _generate(loaded, enforce_eager: bool, prompts, params):
     return [out[f"r{i}"] for i in range(len(prompts))], desc
 
 
+def _assert_greedy_graphs_equal_eager(quant: str, prompt: list[int], n: int) -> None:
+    """n greedy tokens of the GPU-shaped model in `quant`, from graphs and eagerly: the same."""
+    from g906.bench.synthetic import build_synthetic
+
+    lm = build_synthetic("qwen3.5-0.8b", quant=quant, device="cuda", overrides=GPU_SHAPE)
+    sp = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    (g,), dg = _generate(lm, False, [prompt], [sp])
+    (e,), de = _generate(lm, True, [prompt], [sp])
+    assert dg["replays"] >= n - 1 and de["replays"] == 0
+    assert len(g) == n and g == e
+    assert len(set(g)) > 1
+
+
 @pytest.mark.gpu
 @gpu
 def test_graphs_equal_eager_over_1000_greedy_tokens():
-    from g906.bench.synthetic import build_synthetic
-
-    lm = build_synthetic("qwen3.5-0.8b", quant="f16", device="cuda", overrides=GPU_SHAPE)
-    prompt = [(37 * i + 11) % 200000 + 1000 for i in range(100)]
-    sp = SamplingParams(temperature=0, max_tokens=1000, ignore_eos=True)
-    (g,), dg = _generate(lm, False, [prompt], [sp])
-    (e,), de = _generate(lm, True, [prompt], [sp])
-    assert dg["replays"] >= 999 and de["replays"] == 0
-    assert len(g) == 1000 and g == e
-    assert len(set(g)) > 1
+    _assert_greedy_graphs_equal_eager("f16", [(37 * i + 11) % 200000 + 1000 for i in range(100)], 1000)
 
 
 @pytest.mark.gpu
@@ -181,16 +185,7 @@ def test_graphs_equal_eager_quantized():
     """Q4_K_M's mix (Q4_K, Q5_K, Q6_K packed GEMVs): in the graphs the GEMVs load their first
     weights before the PDL wait (PRELOAD), eagerly they do not; the sums are the same, in the
     same order, so the greedy tokens must be too."""
-    from g906.bench.synthetic import build_synthetic
-
-    lm = build_synthetic("qwen3.5-0.8b", quant="q4_k", device="cuda", overrides=GPU_SHAPE)
-    prompt = [(53 * i + 7) % 200000 + 1000 for i in range(60)]
-    sp = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
-    (g,), dg = _generate(lm, False, [prompt], [sp])
-    (e,), de = _generate(lm, True, [prompt], [sp])
-    assert dg["replays"] >= 199 and de["replays"] == 0
-    assert len(g) == 200 and g == e
-    assert len(set(g)) > 1
+    _assert_greedy_graphs_equal_eager("q4_k", [(53 * i + 7) % 200000 + 1000 for i in range(60)], 200)
 
 
 @pytest.mark.gpu
