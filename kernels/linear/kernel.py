@@ -541,6 +541,16 @@ def linear(x, weight, *, add_norm=None, rms_of=None, **cfg):
     return quant_matmul(x, weight, **cfg)
 
 
+def linear_glu(x, weight):
+    """silu(x @ gate^T) * (x @ up^T) for weight = [gate; up]: in the epilogue of the packed
+    GEMV at decode sizes (packed_matmul's glu), else the product then the silu-mul."""
+    if getattr(weight, "planes", None) is not None:
+        return packed_matmul(x, weight, glu=True)
+    from .. import ops
+
+    return ops.silu_and_mul(ops.linear(x, weight))
+
+
 def linear_fuses_norm(x, weight) -> bool:
     """Whether linear(x, weight) takes add_norm / rms_of inside its GEMV: the dense GEMV
     (decode sizes). Not the quantized GEMVs: done in them as well, the split norm measured
@@ -925,13 +935,13 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
                     SILU: tl.constexpr = False, PDL: tl.constexpr = False,
                     WSPLIT: tl.constexpr = False, ONE_IMM: tl.constexpr = False,
                     CVT: tl.constexpr = False, TOKEN_BLOCKS: tl.constexpr = False,
-                    PRELOAD: tl.constexpr = False):
+                    PRELOAD: tl.constexpr = False, GLU: tl.constexpr = False):
     """The packed GEMV: rows block program_id(0), split-K part program_id(1)
     (_pq_gemv_program)."""
     _pq_gemv_program(tl.program_id(0), tl.program_id(1), x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr,
                      out_ptr, N, T, KW, sx, sq, sh, sa, sb, so, so_split, kw_len, one, QT, E, H,
                      BLOCK_N, BLOCK_T, EVEN, PREFETCH, PAIRS, SILU, PDL, WSPLIT, ONE_IMM, CVT,
-                     TOKEN_BLOCKS, PRELOAD)
+                     TOKEN_BLOCKS, PRELOAD, GLU)
 
 
 @triton.jit
@@ -955,12 +965,12 @@ def _pq_gemv_pair_kernel(x_ptr, out_ptr, T, sx, so, one, progs,
         _pq_gemv_program(pid, 0, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx,
                          sq, sh, sa, sb, so, 0, KW, one, QT, E, H, BLOCK_N, BLOCK_T, EVEN,
                          PREFETCH, PAIRS, False, PDL, WSPLIT, ONE_IMM, CVT, TOKEN_BLOCKS,
-                         PRELOAD)
+                         PRELOAD, False)
     else:
         _pq_gemv_program(pid - progs, 0, x_ptr, qs2_ptr, qh2_ptr, a2_ptr, b2_ptr, out_ptr + N,
                          N2, T, KW2, sx, sq2, sh2, sa2, sb2, so, 0, KW2, one, QT2, E2, H,
                          BLOCK_N2, BLOCK_T, EVEN2, PREFETCH2, PAIRS2, False, PDL, WSPLIT2,
-                         ONE_IMM, CVT, TOKEN_BLOCKS, PRELOAD2)
+                         ONE_IMM, CVT, TOKEN_BLOCKS, PRELOAD2, False)
 
 
 @triton.jit
@@ -970,9 +980,12 @@ def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr,
                      BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr,
                      PREFETCH: tl.constexpr, PAIRS: tl.constexpr, SILU: tl.constexpr,
                      PDL: tl.constexpr, WSPLIT: tl.constexpr, ONE_IMM: tl.constexpr,
-                     CVT: tl.constexpr, TOKEN_BLOCKS: tl.constexpr, PRELOAD: tl.constexpr):
+                     CVT: tl.constexpr, TOKEN_BLOCKS: tl.constexpr, PRELOAD: tl.constexpr,
+                     GLU: tl.constexpr):
     """out[t, n] (or split-K partial pid_k) = x[t] . w[n] over words [pid_k * kw_len, +kw_len),
     for the BLOCK_T tokens of block program_id(2) (TOKEN_BLOCKS: there are several).
+    GLU (one split): w is [gate; up], N rows, and out[t, r] = silu(x . w[r]) * (x . w[r + N/2])
+    for r < N/2: a program's rows are BLOCK_N / 2 such pairs, interleaved gate, up.
 
     H = threads per program. Tiles are [H, BLOCK_T, BLOCK_N, 4] with the vector axis first,
     so Triton puts every thread on it and keeps tokens, rows and the 4 words of a vector in
@@ -998,8 +1011,14 @@ def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr,
     EV: tl.constexpr = 4 * E
     if ONE_IMM:
         one = 0x3F800000
-    nn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = nn < N
+    if GLU:
+        jj = tl.arange(0, BLOCK_N)
+        nr = pid_n * (BLOCK_N // 2) + jj // 2         # the output row of each weight row
+        nn = nr + (jj % 2) * (N // 2)
+        nmask = nr < N // 2
+    else:
+        nn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        nmask = nn < N
     nc = tl.where(nmask, nn, 0).to(tl.int64)          # clamp: rows past N read row 0
     v = tl.arange(0, H)
     v3 = v[:, None, None]                             # [H, 1, 1]
@@ -1051,6 +1070,11 @@ def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr,
         acc = _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w3, one,
                              QT, E, H, BLOCK_T, BLOCK_N, PAIRS, SILU, WSPLIT, CVT)
     res = tl.sum(acc, axis=0)                                               # [BT, BN]
+    if GLU:   # the sums of the gate and the up row side by side: silu(gate) * up, in fp32
+        g, u = tl.split(tl.reshape(res, [BLOCK_T, BLOCK_N // 2, 2]))
+        res = g * tl.sigmoid(g) * u
+        nn = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        nmask = nn < N // 2
     optr = out_ptr + pid_k * so_split + tt[:, None] * so + nn[None, :]
     tl.store(optr, res.to(out_ptr.dtype.element_ty), mask=(tt[:, None] < T) & nmask[None, :])
 
@@ -1371,10 +1395,12 @@ def _pq_cuda_decode(qtype, N, K, sms):
     return 4, warps, warps == 4, 1, False    # PREFETCH: N = 4096 x 12288, 16.1 against 16.9
 
 
-def packed_matmul(x, pw, *, silu=False, **cfg):
+def packed_matmul(x, pw, *, silu=False, glu=False, **cfg):
     """x [T, K] @ dequant(pw)^T -> [T, N] for a PackedQuant pw (GEMV for T <= 16).
     silu: x is [T, 2K] = [gate | up] and the product is with silu(gate) * up (applied on load
-    by the GEMV; other paths run the silu-mul first)."""
+    by the GEMV; other paths run the silu-mul first).
+    glu: pw is [gate; up] (N = 2I rows) and the result [T, I] is silu(x @ gate^T) * (x @ up^T),
+    computed by the GEMV's epilogue (one split of K), else by a silu-mul after the product."""
     T = x.shape[0]
     K = pw.shape[1]
     N = pw.shape[0]
@@ -1382,17 +1408,19 @@ def packed_matmul(x, pw, *, silu=False, **cfg):
     qt = pw.qtype
     QT, E = PQ_QTYPES[qt], PQ_E[qt]
     qs, qh, a, b = _pq_args(pw)
-    out = empty((T, N), x.dtype, x.device)
+    out = empty((T, N // 2 if glu else N), x.dtype, x.device)
     if T == 0:
         return out
     dot = cfg.pop("DOT", None)
     if dot is None:  # tensor cores for a few rows (not on ROCm: gfx906 has no matrix cores)
         dot = (T >= 2 and x.dtype == torch.float16 and x.device.type == "cuda"
                and not is_rocm())
-    if silu and (T > 16 or dot):
-        from .. import ops
+    from .. import ops
 
+    if silu and (T > 16 or dot):
         return packed_matmul(ops.silu_and_mul(x), pw, DOT=dot, **cfg)
+    if glu and (T > 16 or dot):
+        return ops.silu_and_mul(packed_matmul(x, pw, DOT=dot, **cfg))
     if T <= 16 and not dot:
         c = _pq_gemv_config(T, N, K, qt, x.device)
         c.update(cfg)
@@ -1401,6 +1429,8 @@ def packed_matmul(x, pw, *, silu=False, **cfg):
         KW = K // E
         kw_len = triton.cdiv(triton.cdiv(KW, split), 16) * 16
         split = triton.cdiv(KW, kw_len)
+        if glu and (split > 1 or BN % 2):   # the silu needs whole sums, a program pairs
+            return ops.silu_and_mul(packed_matmul(x, pw, DOT=dot, **cfg))
         bt = c["BLOCK_T"]
         pdl = pdl_args(x.device)
         # the peeled first iteration pays only before a PDL wait (cfg may force it: tests)
@@ -1416,7 +1446,7 @@ def packed_matmul(x, pw, *, silu=False, **cfg):
             a.stride(0), b.stride(0), dst.stride(-2), so_split, kw_len, 0x3F800000,
             QT=QT, E=E, H=H, BLOCK_N=BN, BLOCK_T=bt, EVEN=even, PREFETCH=prefetch,
             PAIRS=c["PAIRS"], SILU=silu, WSPLIT=c["WSPLIT"], ONE_IMM=c["ONE_IMM"], CVT=c["CVT"],
-            TOKEN_BLOCKS=T > bt, num_warps=warps, PRELOAD=preload, **pdl)
+            TOKEN_BLOCKS=T > bt, num_warps=warps, PRELOAD=preload, GLU=glu, **pdl)
         if split > 1:
             torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
         return out

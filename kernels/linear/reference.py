@@ -149,6 +149,14 @@ def linear_pair(x, w0, w1):
     return linear(x, w0), linear(x, w1)
 
 
+def linear_glu(x, weight):
+    """silu_and_mul(linear(x, weight)) for weight = [gate; up]: the MLP's gate and up
+    projections and their SwiGLU (one GEMV kernel at decode on a GPU)."""
+    from ..activation.reference import silu_and_mul
+
+    return silu_and_mul(linear(x, weight))
+
+
 def silu_mul_linear(x, weight, *, add_norm=None):
     """linear(silu_and_mul(x), weight): the fused decode GEMV's reference."""
     from ..activation.reference import silu_and_mul

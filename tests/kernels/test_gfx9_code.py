@@ -462,7 +462,8 @@ def _fused_gemvs(s: dict, zero_centred: bool) -> dict:
     load, where the launcher fuses it (its own test: programs x K x T <= FUSED_RECOMPUTE_MAX;
     calls that would not launch the GEMV are left out): the MLP's down projection on [gate | up]
     (dense weights at one token with the next norm's ADD_NORM; packed: SILU, T <= 16) and, dense,
-    the linear attention's out_proj of its gated RMSNorm. Weights uninitialised (never read)."""
+    the linear attention's out_proj of its gated RMSNorm; and the packed gate/up projection
+    with its SwiGLU epilogue (GLU). Weights uninitialised (never read)."""
     from g906.kernels.linear import kernel as K
     from g906.kernels.linear import repack
 
@@ -489,14 +490,20 @@ def _fused_gemvs(s: dict, zero_centred: bool) -> dict:
         xs = [torch.zeros(T, 2 * i, dtype=f16) for T in (1, 2, 3, 4, 8, 16)]
         out[f"silu_mul_linear {qtype}"] = ("linear", "_pq_gemv_kernel", [
             lambda x=x, pw=pw: K.silu_mul_linear(x, pw) for x in xs if K._packed_silu_pays(x, pw)])
+        # the stacked gate/up projection with the SwiGLU in its epilogue (GLU)
+        row = repack.pack(torch.zeros(1, h // be * bb, dtype=torch.uint8), qtype, (1, h))
+        gu = repack.PackedQuant(qtype, (2 * i, h), {k: torch.empty((2 * i, *v.shape[1:]), dtype=v.dtype)
+                                                    for k, v in row.planes.items()})
+        out[f"linear_glu {qtype}"] = ("linear", "_pq_gemv_kernel", [
+            lambda x=x, gu=gu: K.linear_glu(x, gu) for x in (torch.zeros(T, h, dtype=f16) for T in (1, 4))])
     return out
 
 
 LAUNCHERS = ("rms_norm", "qk_norm_rotary", "gdn_decode grouped", "gdn_decode tiled", "gated_rms_norm",
              "silu_and_mul", "silu_mul_linear F16", "gated_norm_linear F16",
              *(f"embedding {q}" for q in ("Q8_0", "Q4_K", "Q5_K", "Q6_K")),
-             *(f"silu_mul_linear {q}" for q in QTYPES))
-_FUSED = {n for n in LAUNCHERS if n.startswith(("silu_mul_linear", "gated_norm_linear"))}
+             *(f"silu_mul_linear {q}" for q in QTYPES), *(f"linear_glu {q}" for q in QTYPES))
+_FUSED = {n for n in LAUNCHERS if n.startswith(("silu_mul_linear", "gated_norm_linear", "linear_glu"))}
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)

@@ -214,6 +214,33 @@ def test_linear_pair_one_launch(types, K, T):
     other = repack.pack(qweight(4, 256, "Q4_K", 50).data, "Q4_K", (4, 256))
     assert kernel._pq_pair_configs(x, [pws[0], other]) is None     # another K: one launch each
 
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("T,cfg", [(1, {}), (1, dict(H=8, BLOCK_N=4)), (1, dict(H=8, BLOCK_N=8, PAIRS=2)),
+                                   (3, dict(H=8, BLOCK_N=2, BLOCK_T=2)),   # token blocks, row tails
+                                   (1, dict(H=8, BLOCK_N=4, PRELOAD=True)),
+                                   (2, dict(H=8, BLOCK_N=4, SPLIT=2)),     # split K: silu after
+                                   (3, dict(DOT=True)), (20, {})])          # tensor cores, prefill
+def test_linear_glu(qtype, T, cfg):
+    """silu(x gate^T) * (x up^T) of a stacked [gate; up] weight, the GEMV's epilogue pairing
+    gate row r with up row r + I: equal to the reference's product then silu-mul, odd I (row
+    tails), and on the paths that run the two ops (split K, tensor cores, prefill)."""
+    from g906.kernels.linear import kernel
+
+    I, K = 13, 768
+    w = qweight(2 * I, K, qtype, 60)
+    p = repack.pack(w.data, qtype, w.shape)
+    dtype = torch.float16 if T in (3, 20) else torch.float32
+    x = randn(T, K, dtype=dtype, gen=torch.Generator().manual_seed(61))
+    ref = registry.call_reference("linear_glu", x, w)
+    assert ref.shape == (T, I)
+    got = kernel.packed_matmul(x, p, glu=True, **cfg) if cfg else registry.call_triton("linear_glu", x, p)
+    assert_close(got, ref)
+    if not cfg:   # the engine's reference agrees with the kernels' one
+        from g906.engine.layers import reference as engine_ref
+
+        assert_close(engine_ref.linear_glu(x, w), ref)
+
+
 @gpu
 @needs_gpu
 @pytest.mark.parametrize("qtype", QTYPES)

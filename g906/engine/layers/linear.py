@@ -16,7 +16,7 @@ def _prepare(w):
     return prepare_linear_weight(w)
 
 
-def _is_packed(w) -> bool:
+def is_packed(w) -> bool:
     return getattr(w, "planes", None) is not None  # g906.kernels.linear.repack.PackedQuant
 
 
@@ -35,7 +35,7 @@ class Linear(WeightHolder):
         (g906.kernels.ops.prepare_linear_weight); on the CPU it stays as loaded."""
         if isinstance(value, QuantizedTensor):
             value = _prepare(value)
-        if _is_packed(value):
+        if is_packed(value):
             self._parameters.pop(attr, None)
             self._buffers.pop(attr, None)
             object.__setattr__(self, attr, value)
@@ -91,7 +91,7 @@ def _stack_key(w):
     """Weights with equal keys stack into one matmul (fuse_weights); None: never stacked."""
     if isinstance(w, torch.Tensor):
         return ("dense", w.dtype, w.device, w.shape[1])
-    if _is_packed(w):
+    if is_packed(w):
         return ("packed", w.qtype, w.shape[1], w.device)
     if isinstance(w, QuantizedTensor):
         return ("gguf", w.qtype, w.data.shape[1], w.shape[1], w.data.device)
@@ -108,7 +108,7 @@ def fuse_weights(linears: list[Linear]):
         return None
     if isinstance(ws[0], torch.Tensor):
         return torch.cat(ws, dim=0)
-    if _is_packed(ws[0]):
+    if is_packed(ws[0]):
         from g906.kernels.linear.repack import cat_rows
 
         return cat_rows(ws)

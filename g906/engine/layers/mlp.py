@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from g906.engine.layers.linear import Linear, fuse_weights, project
+from g906.engine.layers import ops
+from g906.engine.layers.linear import Linear, fuse_weights, is_packed, project
 from g906.engine.layers.norms import AddNorm, NormedInput
 
 
@@ -26,8 +27,15 @@ class MLP(nn.Module):
 
     def forward(self, x, then: AddNorm | None = None):
         """x: a tensor or a NormedInput; then: as Linear.forward's."""
-        if self.gate_up_weight is not None:
-            gate_up = project(x, self.gate_up_weight)
+        w = self.gate_up_weight
+        if w is not None and is_packed(w):
+            # repacked GGUF weights: the gate/up GEMV's epilogue applies the SwiGLU (decode);
+            # dense ones keep it in the down projection's GEMV, beside its split RMSNorm
+            if isinstance(x, NormedInput):
+                x = x.materialize()
+            return self.down_proj(ops.linear_glu(x, w), then)
+        if w is not None:
+            gate_up = project(x, w)
         else:
             if isinstance(x, NormedInput):
                 x = x.materialize()

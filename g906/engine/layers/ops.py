@@ -16,6 +16,7 @@ from g906.kernels.ops import (  # noqa: F401
     gated_rms_norm,
     linear,
     linear_fuses_norm,
+    linear_glu,
     linear_pair,
     paged_decode_attention,
     prefill_attention,

@@ -99,6 +99,12 @@ def silu_mul_linear(x, weight):
     return linear(silu_and_mul(x), weight)
 
 
+def linear_glu(x, weight):
+    """silu_and_mul(linear(x, weight)), weight = [gate; up]: the MLP's gate/up projection and
+    its SwiGLU (one GEMV kernel at decode on GPUs)."""
+    return silu_and_mul(linear(x, weight))
+
+
 def gated_norm_linear(o, z, norm_weight, eps, weight):
     """linear(gated_rms_norm(o, z, ...) over the heads' last dim, flattened to [T, H * D])."""
     return linear(gated_rms_norm(o, z, norm_weight, eps).flatten(1), weight)
