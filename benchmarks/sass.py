@@ -68,7 +68,7 @@ def _kernel_and_signature(args):
                      PAIRS=(0 if args.no_pairs else args.pairs if args.pairs is not None
                             else 2 if args.qtype == "Q4_K" else 1),
                      SILU=False, PDL=args.pdl, WSPLIT=args.wsplit, ONE_IMM=args.one_imm, CVT=args.cvt,
-                     TOKEN_BLOCKS=False,
+                     TOKEN_BLOCKS=False, GLU=args.glu,
                      PRELOAD=args.pdl and not args.prefetch and K.pq_preloads(args.qtype), **norm)
     return _signature(fn, ptrs, const, ALIGNED, {"eps", "eps_in"})
 
@@ -230,10 +230,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--pdl", action="store_true", help="compile the PDL variant")
     ap.add_argument("--one-imm", action="store_true",
                     help="packed: 1.0f's bits as an immediate (ONE_IMM, the ROCm default)")
+    ap.add_argument("--glu", action="store_true",
+                    help="packed: the gate/up GEMV with silu(gate) * up in its epilogue (GLU)")
     ap.add_argument("--add-norm", action="store_true",
-                    help="F16: with the residual add and norm weight at the end (producer)")
+                    help="with the residual add and norm weight at the end (producer)")
     ap.add_argument("--rms-in", action="store_true",
-                    help="F16: scaling by 1 / rms of its input's residual (consumer)")
+                    help="scaling by 1 / rms of its input's residual (consumer)")
     ap.add_argument("--partials", type=int, default=1024,
                     help="with --rms-in: the producer's programs (partial sums; a power of 2)")
     ap.add_argument("--json", action="store_true")

@@ -96,9 +96,9 @@ registry.register("embedding", _emb.embedding, "embedding.kernel:embedding",
                                          and dtype in (torch.float16, torch.float32)))
 registry.register("linear", _lin.linear, "linear.kernel:linear", _linear_supports)
 registry.register("linear_pair", _lin.linear_pair, "linear.kernel:linear_pair",
-                  lambda x, w0, w1: _linear_supports(x, w0) and _linear_supports(x, w1))
+                  lambda x, w0, w1, **_: _linear_supports(x, w0) and _linear_supports(x, w1))
 registry.register("linear_glu", _lin.linear_glu, "linear.kernel:linear_glu",
-                  lambda x, w: _linear_supports(x, w) and w.shape[0] % 2 == 0)
+                  lambda x, w, **_: _linear_supports(x, w) and w.shape[0] % 2 == 0)
 # fused into the decode GEMV where its recompute is cheap (linear.kernel: FUSED_RECOMPUTE_MAX);
 # otherwise the Triton side runs the two ops through the registry, each in its own range
 registry.register("silu_mul_linear", _lin.silu_mul_linear, "linear.kernel:silu_mul_linear",
@@ -243,17 +243,22 @@ def linear(x, weight, *, add_norm=None, rms_of=None):
     return registry.dispatch("linear", x, weight, add_norm=add_norm, rms_of=rms_of)
 
 
-def linear_pair(x, w0, w1):
+def linear_pair(x, w0, w1, *, rms_of=None):
     """(linear(x, w0), linear(x, w1)) for two weights that do not stack into one (a GGUF mix's
     projections of one input in two types): on a GPU's decode path, one kernel launch for
-    both when they are repacked GGUF weights of one K."""
-    return registry.dispatch("linear_pair", x, w0, w1)
+    both when they are repacked GGUF weights of one K. rms_of: as linear's."""
+    if rms_of is None:
+        return registry.dispatch("linear_pair", x, w0, w1)
+    return registry.dispatch("linear_pair", x, w0, w1, rms_of=rms_of)
 
 
-def linear_glu(x, weight):
+def linear_glu(x, weight, *, rms_of=None):
     """silu(x @ gate^T) * (x @ up^T) [T, I] for weight = [gate; up] (2I rows, stacked): the
-    SwiGLU of an MLP's fused gate/up projection, in the GEMV that computes it at decode."""
-    return registry.dispatch("linear_glu", x, weight)
+    SwiGLU of an MLP's fused gate/up projection, in the GEMV that computes it at decode.
+    rms_of: as linear's."""
+    if rms_of is None:
+        return registry.dispatch("linear_glu", x, weight)
+    return registry.dispatch("linear_glu", x, weight, rms_of=rms_of)
 
 
 def linear_fuses_norm(x, weight) -> bool:

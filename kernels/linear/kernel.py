@@ -457,7 +457,7 @@ def silu_mul_linear(x, weight, *, add_norm=None):
         return dense_gemv(x, weight, prologue=("silu_mul",), add_norm=add_norm)
     if (getattr(weight, "planes", None) is not None and x.stride(1) == 1 and x.shape[0] <= 16
             and x.dtype in (torch.float16, torch.float32) and _packed_silu_pays(x, weight)):
-        return _around(packed_matmul, x, weight, add_norm, None, silu=True)  # its GEMV fuses it
+        return packed_matmul(x, weight, silu=True, add_norm=add_norm)  # its GEMV fuses it
     from .. import ops
 
     return ops.linear(ops.silu_and_mul(x), weight, add_norm=add_norm)
@@ -532,32 +532,65 @@ def linear(x, weight, *, add_norm=None, rms_of=None, **cfg):
     dense = isinstance(weight, torch.Tensor)
     if dense and x.shape[0] <= 16:
         return dense_gemv(x, weight, add_norm=add_norm, rms_of=rms_of, **cfg)
+    if getattr(weight, "planes", None) is not None:  # PackedQuant (repack.prepare)
+        return packed_matmul(x, weight, add_norm=add_norm, rms_of=rms_of, **cfg)
     if add_norm is not None or rms_of is not None:
         return _around(linear, x, weight, add_norm, rms_of, **cfg)
-    if getattr(weight, "planes", None) is not None:  # PackedQuant (repack.prepare)
-        return packed_matmul(x, weight, **cfg)
     if dense:  # prefill: the vendor GEMM (rocBLAS / cuBLAS) is the right tool
         return x @ weight.t()
     return quant_matmul(x, weight, **cfg)
 
 
-def linear_glu(x, weight):
+def linear_glu(x, weight, *, rms_of=None):
     """silu(x @ gate^T) * (x @ up^T) for weight = [gate; up]: in the epilogue of the packed
-    GEMV at decode sizes (packed_matmul's glu), else the product then the silu-mul."""
+    GEMV at decode sizes (packed_matmul's glu), else the product then the silu-mul. rms_of:
+    as linear's."""
     if getattr(weight, "planes", None) is not None:
-        return packed_matmul(x, weight, glu=True)
+        return packed_matmul(x, weight, glu=True, rms_of=rms_of)
     from .. import ops
 
-    return ops.silu_and_mul(ops.linear(x, weight))
+    return ops.silu_and_mul(linear(x, weight, rms_of=rms_of))
+
+
+# Packed types whose GEMVs take the split RMSNorm on CUDA: measured on the H200 with the
+# norm's loads after the loop (9B Q4_K_M decode 436 -> 445 tok/s, docs/PERF.md E21). Q8_0
+# measured 2% slower with it (E13, 1-warp GEMVs; not re-measured since) and ROCm is
+# unmeasured (no gfx906 here): they keep the norm kernels.
+SPLIT_NORM_QTYPES = ("Q4_K", "Q5_K", "Q6_K")
 
 
 def linear_fuses_norm(x, weight) -> bool:
     """Whether linear(x, weight) takes add_norm / rms_of inside its GEMV: the dense GEMV
-    (decode sizes). Not the quantized GEMVs: done in them as well, the split norm measured
-    9B Q8_0 2% slower on the H200 (its 1-warp GEMVs pay for the extra registers and loads) and
-    Q4_K no faster (docs/PERF.md), so their norms stay separate kernels."""
+    (decode sizes), and on CUDA the packed GEMV of a SPLIT_NORM_QTYPES weight where one
+    program sums a whole row (T <= 16 off the tensor-core path, one split of K)."""
+    if getattr(weight, "planes", None) is not None:
+        return (weight.qtype in SPLIT_NORM_QTYPES and not is_rocm()
+                and _pq_whole_rows(x, weight))
     return (isinstance(weight, torch.Tensor) and 0 < x.shape[0] <= 16
             and weight.dtype == x.dtype and weight.stride(1) == 1)
+
+
+def _pq_whole_rows(x, pw) -> bool:
+    """Whether packed_matmul(x, pw) runs its GEMV with one split of K (each output summed by
+    one program: what GLU, add_norm and rms_of need in the kernel)."""
+    T, K = x.shape[0], pw.shape[1]
+    if not 0 < T <= 16 or _pq_takes_dot(x):
+        return False
+    c = _pq_gemv_config(T, pw.shape[0], K, pw.qtype, x.device)
+    return _pq_splits(K // PQ_E[pw.qtype], c["SPLIT"])[1] == 1
+
+
+def _pq_takes_dot(x) -> bool:
+    """The packed product's default for x [T, K]: tensor cores for a few rows (T >= 2, fp16,
+    CUDA; not ROCm: gfx906 has no matrix cores)."""
+    return (x.shape[0] >= 2 and x.dtype == torch.float16 and x.device.type == "cuda"
+            and not is_rocm())
+
+
+def _pq_splits(KW, split):
+    """(words a program covers, splits) for a row of KW words asked to split `split` ways."""
+    kw_len = triton.cdiv(triton.cdiv(KW, split), 16) * 16
+    return kw_len, triton.cdiv(KW, kw_len)
 
 
 def _around(fn, x, weight, add_norm, rms_of, **kw):
@@ -928,24 +961,28 @@ def _pq_step_loads(qs_ptr, qh_ptr, a_ptr, b_ptr, n3, n2, v3, w3, v2, sq, sh, sa,
 
 @triton.jit
 def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, sq, sh, sa, sb,
-                    so, so_split, kw_len, one,
+                    so, so_split, kw_len, one, r_ptr, sr, hn_ptr, anw_ptr, ss_out_ptr, ss_in_ptr,
+                    P_in, eps_in,
                     QT: tl.constexpr, E: tl.constexpr, H: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr,
                     PREFETCH: tl.constexpr = False, PAIRS: tl.constexpr = 1,
                     SILU: tl.constexpr = False, PDL: tl.constexpr = False,
                     WSPLIT: tl.constexpr = False, ONE_IMM: tl.constexpr = False,
                     CVT: tl.constexpr = False, TOKEN_BLOCKS: tl.constexpr = False,
-                    PRELOAD: tl.constexpr = False, GLU: tl.constexpr = False):
+                    PRELOAD: tl.constexpr = False, GLU: tl.constexpr = False,
+                    ADD_NORM: tl.constexpr = 0, RMS_IN: tl.constexpr = False,
+                    BLOCK_P: tl.constexpr = 1):
     """The packed GEMV: rows block program_id(0), split-K part program_id(1)
     (_pq_gemv_program)."""
     _pq_gemv_program(tl.program_id(0), tl.program_id(1), x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr,
-                     out_ptr, N, T, KW, sx, sq, sh, sa, sb, so, so_split, kw_len, one, QT, E, H,
+                     out_ptr, N, T, KW, sx, sq, sh, sa, sb, so, so_split, kw_len, one,
+                     r_ptr, sr, hn_ptr, anw_ptr, ss_out_ptr, ss_in_ptr, P_in, eps_in, QT, E, H,
                      BLOCK_N, BLOCK_T, EVEN, PREFETCH, PAIRS, SILU, PDL, WSPLIT, ONE_IMM, CVT,
-                     TOKEN_BLOCKS, PRELOAD, GLU)
+                     TOKEN_BLOCKS, PRELOAD, GLU, ADD_NORM, RMS_IN, BLOCK_P)
 
 
 @triton.jit
-def _pq_gemv_pair_kernel(x_ptr, out_ptr, T, sx, so, one, progs,
+def _pq_gemv_pair_kernel(x_ptr, out_ptr, T, sx, so, one, progs, ss_in_ptr, P_in, eps_in,
                          qs_ptr, qh_ptr, a_ptr, b_ptr, N, KW, sq, sh, sa, sb,
                          qs2_ptr, qh2_ptr, a2_ptr, b2_ptr, N2, KW2, sq2, sh2, sa2, sb2,
                          QT: tl.constexpr, E: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -956,36 +993,46 @@ def _pq_gemv_pair_kernel(x_ptr, out_ptr, T, sx, so, one, progs,
                          WSPLIT2: tl.constexpr, PRELOAD2: tl.constexpr,
                          H: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr = False,
                          ONE_IMM: tl.constexpr = False, CVT: tl.constexpr = False,
-                         TOKEN_BLOCKS: tl.constexpr = False):
+                         TOKEN_BLOCKS: tl.constexpr = False, RMS_IN: tl.constexpr = False,
+                         BLOCK_P: tl.constexpr = 1):
     """Two packed GEMVs of one input in one launch: programs [0, progs)
     compute the first weight's N rows into out[:, :N], the others the second's N2 rows into
-    out[:, N:], each with its own type and rows per program (one split of K each; linear_pair)."""
+    out[:, N:], each with its own type and rows per program (one split of K each; linear_pair).
+    RMS_IN: x is an hn (residual_norm.py), both scale their sums by its 1 / rms."""
     pid = tl.program_id(0)
     if pid < progs:
         _pq_gemv_program(pid, 0, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx,
-                         sq, sh, sa, sb, so, 0, KW, one, QT, E, H, BLOCK_N, BLOCK_T, EVEN,
-                         PREFETCH, PAIRS, False, PDL, WSPLIT, ONE_IMM, CVT, TOKEN_BLOCKS,
-                         PRELOAD, False)
+                         sq, sh, sa, sb, so, 0, KW, one, x_ptr, 0, x_ptr, x_ptr, x_ptr, ss_in_ptr,
+                         P_in, eps_in, QT, E, H, BLOCK_N, BLOCK_T, EVEN, PREFETCH, PAIRS, False,
+                         PDL, WSPLIT, ONE_IMM, CVT, TOKEN_BLOCKS, PRELOAD, False, 0, RMS_IN,
+                         BLOCK_P)
     else:
         _pq_gemv_program(pid - progs, 0, x_ptr, qs2_ptr, qh2_ptr, a2_ptr, b2_ptr, out_ptr + N,
-                         N2, T, KW2, sx, sq2, sh2, sa2, sb2, so, 0, KW2, one, QT2, E2, H,
-                         BLOCK_N2, BLOCK_T, EVEN2, PREFETCH2, PAIRS2, False, PDL, WSPLIT2,
-                         ONE_IMM, CVT, TOKEN_BLOCKS, PRELOAD2, False)
+                         N2, T, KW2, sx, sq2, sh2, sa2, sb2, so, 0, KW2, one, x_ptr, 0, x_ptr,
+                         x_ptr, x_ptr, ss_in_ptr, P_in, eps_in, QT2, E2, H, BLOCK_N2, BLOCK_T,
+                         EVEN2, PREFETCH2, PAIRS2, False, PDL, WSPLIT2, ONE_IMM, CVT,
+                         TOKEN_BLOCKS, PRELOAD2, False, 0, RMS_IN, BLOCK_P)
 
 
 @triton.jit
 def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx,
-                     sq, sh, sa, sb, so, so_split, kw_len, one,
+                     sq, sh, sa, sb, so, so_split, kw_len, one, r_ptr, sr, hn_ptr, anw_ptr,
+                     ss_out_ptr, ss_in_ptr, P_in, eps_in,
                      QT: tl.constexpr, E: tl.constexpr, H: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_T: tl.constexpr, EVEN: tl.constexpr,
                      PREFETCH: tl.constexpr, PAIRS: tl.constexpr, SILU: tl.constexpr,
                      PDL: tl.constexpr, WSPLIT: tl.constexpr, ONE_IMM: tl.constexpr,
                      CVT: tl.constexpr, TOKEN_BLOCKS: tl.constexpr, PRELOAD: tl.constexpr,
-                     GLU: tl.constexpr):
+                     GLU: tl.constexpr, ADD_NORM: tl.constexpr, RMS_IN: tl.constexpr,
+                     BLOCK_P: tl.constexpr):
     """out[t, n] (or split-K partial pid_k) = x[t] . w[n] over words [pid_k * kw_len, +kw_len),
     for the BLOCK_T tokens of block program_id(2) (TOKEN_BLOCKS: there are several).
     GLU (one split): w is [gate; up], N rows, and out[t, r] = silu(x . w[r]) * (x . w[r + N/2])
     for r < N/2: a program's rows are BLOCK_N / 2 such pairs, interleaved gate, up.
+    ADD_NORM / RMS_IN (one split): the RMSNorm split over two GEMVs (residual_norm.py): out is
+    h = y + residual, with hn and the program's partial sums of h * h (ADD_NORM; 2: the weight
+    zero-centred), or x is such an hn and each token's sums are scaled by 1 / rms from its P_in
+    partial sums (RMS_IN, before GLU's silu).
 
     H = threads per program. Tiles are [H, BLOCK_T, BLOCK_N, 4] with the vector axis first,
     so Triton puts every thread on it and keeps tokens, rows and the 4 words of a vector in
@@ -1031,6 +1078,12 @@ def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr,
         x_ptr += t0 * sx
         out_ptr += t0 * so
         T -= t0
+        if ADD_NORM:
+            r_ptr += t0 * sr
+            hn_ptr += t0 * so
+            ss_out_ptr += t0 * tl.num_programs(0)
+        if RMS_IN:
+            ss_in_ptr += t0 * P_in
     tt = tl.arange(0, BLOCK_T)
     t4 = tt[None, :, None, None]                      # [1, BT, 1, 1]
     xoff = v3[:, None] * EV + w3[:, None]             # [H, 1, 1, 4]: field 0 of each word
@@ -1070,13 +1123,23 @@ def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr,
         acc = _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w3, one,
                              QT, E, H, BLOCK_T, BLOCK_N, PAIRS, SILU, WSPLIT, CVT)
     res = tl.sum(acc, axis=0)                                               # [BT, BN]
+    # the norm's operands after the loop, unlike the dense GEMV: held through it they took
+    # registers (sm_90: Q4_K GLU 96 -> 128, Q5_K 123 -> 152), and the H200 measured the 9B
+    # Q4_K_M decode at 441 tok/s with them before the loop, 445 after
+    if RMS_IN:
+        parts = rms_partials(ss_in_ptr, P_in, tt, T, BLOCK_T, BLOCK_P)
+        res = res * rms_scale(parts, KX, eps_in)[:, None]
     if GLU:   # the sums of the gate and the up row side by side: silu(gate) * up, in fp32
         g, u = tl.split(tl.reshape(res, [BLOCK_T, BLOCK_N // 2, 2]))
         res = g * tl.sigmoid(g) * u
         nn = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         nmask = nn < N // 2
-    optr = out_ptr + pid_k * so_split + tt[:, None] * so + nn[None, :]
-    tl.store(optr, res.to(out_ptr.dtype.element_ty), mask=(tt[:, None] < T) & nmask[None, :])
+    if ADD_NORM:
+        r_an, w_an = add_norm_load(tt, nn, T, N, r_ptr, sr, anw_ptr, ADD_NORM == 2)
+        add_norm_store(res, r_an, w_an, tt, nn, T, N, out_ptr, hn_ptr, so, ss_out_ptr)
+    else:
+        optr = out_ptr + pid_k * so_split + tt[:, None] * so + nn[None, :]
+        tl.store(optr, res.to(out_ptr.dtype.element_ty), mask=(tt[:, None] < T) & nmask[None, :])
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -1395,42 +1458,49 @@ def _pq_cuda_decode(qtype, N, K, sms):
     return 4, warps, warps == 4, 1, False    # PREFETCH: N = 4096 x 12288, 16.1 against 16.9
 
 
-def packed_matmul(x, pw, *, silu=False, glu=False, **cfg):
+def packed_matmul(x, pw, *, silu=False, glu=False, add_norm=None, rms_of=None, **cfg):
     """x [T, K] @ dequant(pw)^T -> [T, N] for a PackedQuant pw (GEMV for T <= 16).
     silu: x is [T, 2K] = [gate | up] and the product is with silu(gate) * up (applied on load
     by the GEMV; other paths run the silu-mul first).
     glu: pw is [gate; up] (N = 2I rows) and the result [T, I] is silu(x @ gate^T) * (x @ up^T),
-    computed by the GEMV's epilogue (one split of K), else by a silu-mul after the product."""
+    computed by the GEMV's epilogue (one split of K), else by a silu-mul after the product.
+    add_norm, rms_of: as linear's, inside the GEMV (one split of K), else around the product."""
     T = x.shape[0]
     K = pw.shape[1]
     N = pw.shape[0]
     assert x.stride(1) == 1 and x.shape[1] == (2 * K if silu else K) and K % 256 == 0
+    assert not (glu and add_norm is not None)
     qt = pw.qtype
     QT, E = PQ_QTYPES[qt], PQ_E[qt]
-    qs, qh, a, b = _pq_args(pw)
-    out = empty((T, N // 2 if glu else N), x.dtype, x.device)
-    if T == 0:
-        return out
     dot = cfg.pop("DOT", None)
-    if dot is None:  # tensor cores for a few rows (not on ROCm: gfx906 has no matrix cores)
-        dot = (T >= 2 and x.dtype == torch.float16 and x.device.type == "cuda"
-               and not is_rocm())
-    from .. import ops
-
-    if silu and (T > 16 or dot):
-        return packed_matmul(ops.silu_and_mul(x), pw, DOT=dot, **cfg)
-    if glu and (T > 16 or dot):
-        return ops.silu_and_mul(packed_matmul(x, pw, DOT=dot, **cfg))
-    if T <= 16 and not dot:
+    if dot is None:
+        dot = _pq_takes_dot(x)
+    gemv = 0 < T <= 16 and not dot
+    if gemv:
         c = _pq_gemv_config(T, N, K, qt, x.device)
         c.update(cfg)
         BN, warps, split = c["BLOCK_N"], c["num_warps"], c["SPLIT"]
         H = c.get("H") or warp_size(x.device) * warps
         KW = K // E
-        kw_len = triton.cdiv(triton.cdiv(KW, split), 16) * 16
-        split = triton.cdiv(KW, kw_len)
-        if glu and (split > 1 or BN % 2):   # the silu needs whole sums, a program pairs
-            return ops.silu_and_mul(packed_matmul(x, pw, DOT=dot, **cfg))
+        kw_len, split = _pq_splits(KW, split)
+        # the silu of GLU, the residual add and the 1 / rms need whole sums; GLU pairs rows
+        whole = glu or add_norm is not None or rms_of is not None
+        gemv = not (glu and BN % 2) and (split == 1 or not whole)
+    if not gemv and (add_norm is not None or rms_of is not None):
+        return _around(functools.partial(packed_matmul, silu=silu, glu=glu, DOT=dot), x, pw,
+                       add_norm, rms_of, **cfg)
+    out = empty((T, N // 2 if glu else N), x.dtype, x.device)
+    if T == 0:
+        return out
+    from .. import ops
+
+    if silu and not gemv:
+        return packed_matmul(ops.silu_and_mul(x), pw, DOT=dot, **cfg)
+    if glu and not gemv:
+        return ops.silu_and_mul(packed_matmul(x, pw, DOT=dot, **cfg))
+    if gemv:
+        x, rms_of = _rms_in_registers(x, rms_of)
+        qs, qh, a, b = _pq_args(pw)
         bt = c["BLOCK_T"]
         pdl = pdl_args(x.device)
         # the peeled first iteration pays only before a PDL wait (cfg may force it: tests)
@@ -1441,18 +1511,35 @@ def packed_matmul(x, pw, *, silu=False, glu=False, **cfg):
         else:
             dst = torch.empty((split, T, N), dtype=torch.float32, device=x.device)
             so_split = T * N
+        hn, r, sr, anw, ss_out, zc = _add_norm_args(add_norm, out, triton.cdiv(N, BN))
+        ss_in, p_in, eps_in = _rms_of_args(rms_of, x)
         _pq_gemv_kernel[(triton.cdiv(N, BN), split, triton.cdiv(T, bt))](
             x, qs, qh, a, b, dst, N, T, KW, x.stride(0), qs.stride(0), qh.stride(0),
             a.stride(0), b.stride(0), dst.stride(-2), so_split, kw_len, 0x3F800000,
+            r, sr, hn, anw, ss_out, ss_in, p_in, eps_in,
             QT=QT, E=E, H=H, BLOCK_N=BN, BLOCK_T=bt, EVEN=even, PREFETCH=prefetch,
             PAIRS=c["PAIRS"], SILU=silu, WSPLIT=c["WSPLIT"], ONE_IMM=c["ONE_IMM"], CVT=c["CVT"],
-            TOKEN_BLOCKS=T > bt, num_warps=warps, PRELOAD=preload, GLU=glu, **pdl)
+            TOKEN_BLOCKS=T > bt, num_warps=warps, PRELOAD=preload, GLU=glu, ADD_NORM=zc,
+            RMS_IN=rms_of is not None, BLOCK_P=next_pow2(p_in), **pdl,
+            **_add_norm_regs(x.device, zc, QT, c["PAIRS"]))
         if split > 1:
             torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
-        return out
+        return (out, hn, ss_out) if add_norm is not None else out
     if T > 16 and x.device.type == "cuda" and x.dtype != torch.float32 and not cfg:
         return _pq_dequant_matmul(x, pw, out)
     return _pq_gemm(x, pw, out, **cfg)
+
+
+def _add_norm_regs(device, add_norm, QT, pairs) -> dict:
+    """Launch options of a packed GEMV ending with ADD_NORM: on CUDA a cap of 128 registers.
+    ptxas gives the epilogue's kernel 168 (sm_90, Q4_K 8 rows folded scales: 96 without it;
+    Q6_K 4 rows: 128), three 4-warp programs per SM where four or five fit (the 4096-row
+    projections then take two waves); at 128 neither spills. Not for Q4_K/Q4_0's unfolded
+    scales (PAIRS < 2), already at 168 without the epilogue (at 128: 8-84 bytes of spills)."""
+    if (not add_norm or device.type != "cuda" or is_rocm()
+            or (QT in (1, 2) and pairs < 2)):
+        return {}
+    return {"maxnreg": 128}
 
 
 def _pq_loop_flags(KW, kw_len, H, prefetch, preload):
@@ -1473,8 +1560,7 @@ def _pq_pair_configs(x, pws):
     T = x.shape[0]
     if (len(pws) != 2 or any(getattr(w, "planes", None) is None for w in pws)
             or pws[0].shape[1] != pws[1].shape[1] or not 0 < T <= 16 or is_rocm()
-            or x.shape[1] != pws[0].shape[1] or x.stride(1) != 1
-            or (T >= 2 and x.dtype == torch.float16 and x.device.type == "cuda")):
+            or x.shape[1] != pws[0].shape[1] or x.stride(1) != 1 or _pq_takes_dot(x)):
         return None
     K = x.shape[1]
     cs = [_pq_gemv_config(T, w.shape[0], K, w.qtype, x.device) for w in pws]
@@ -1491,15 +1577,18 @@ def _pq_pair_configs(x, pws):
     return cs
 
 
-def linear_pair(x, w0, w1):
+def linear_pair(x, w0, w1, *, rms_of=None):
     """(linear(x, w0), linear(x, w1)): two packed weights of different types read by one launch
     (_pq_gemv_pair_kernel) where _pq_pair_configs allows (the outputs are then views of one
     [T, N0 + N1] tensor), else one linear each. A GGUF mix's projections of one input (Q4_K_M's
-    linear attention: the Q5_K qkv and the Q4_K z / b / a) then cost one GEMV's start and tail."""
+    linear attention: the Q5_K qkv and the Q4_K z / b / a) then cost one GEMV's start and tail.
+    rms_of: as linear's (x an hn; both GEMVs apply its 1 / rms)."""
     pws = (w0, w1)
     cs = _pq_pair_configs(x, pws)
     if cs is None:
-        return linear(x, w0), linear(x, w1)
+        return linear(x, w0, rms_of=rms_of), linear(x, w1, rms_of=rms_of)
+    x, rms_of = _rms_in_registers(x, rms_of)
+    ss_in, p_in, eps_in = _rms_of_args(rms_of, x)
     T, K = x.shape
     (a, b), (ca, cb) = pws, cs
     out = empty((T, a.shape[0] + b.shape[0]), x.dtype, x.device)
@@ -1520,9 +1609,10 @@ def linear_pair(x, w0, w1):
     args_a, const_a = seg(a, ca, "")
     args_b, const_b = seg(b, cb, "2")
     _pq_gemv_pair_kernel[grid](
-        x, out, T, x.stride(0), out.stride(0), 0x3F800000, progs, *args_a, *args_b,
-        H=warp_size(x.device) * ca["num_warps"], BLOCK_T=bt, ONE_IMM=ca["ONE_IMM"],
-        CVT=ca["CVT"], TOKEN_BLOCKS=T > bt, num_warps=ca["num_warps"], **const_a, **const_b,
+        x, out, T, x.stride(0), out.stride(0), 0x3F800000, progs, ss_in, p_in, eps_in,
+        *args_a, *args_b, H=warp_size(x.device) * ca["num_warps"], BLOCK_T=bt,
+        ONE_IMM=ca["ONE_IMM"], CVT=ca["CVT"], TOKEN_BLOCKS=T > bt, num_warps=ca["num_warps"],
+        RMS_IN=rms_of is not None, BLOCK_P=next_pow2(p_in), **const_a, **const_b,
         **pdl_args(x.device))
     return out[:, :a.shape[0]], out[:, a.shape[0]:]
 

@@ -144,17 +144,17 @@ def linear(x, weight, *, add_norm=None, rms_of=None):
     return add_norm_out((x.float() @ w.t()).to(x.dtype), add_norm)
 
 
-def linear_pair(x, w0, w1):
+def linear_pair(x, w0, w1, *, rms_of=None):
     """(linear(x, w0), linear(x, w1)): two projections of one input (one launch on a GPU)."""
-    return linear(x, w0), linear(x, w1)
+    return linear(x, w0, rms_of=rms_of), linear(x, w1, rms_of=rms_of)
 
 
-def linear_glu(x, weight):
+def linear_glu(x, weight, *, rms_of=None):
     """silu_and_mul(linear(x, weight)) for weight = [gate; up]: the MLP's gate and up
     projections and their SwiGLU (one GEMV kernel at decode on a GPU)."""
     from ..activation.reference import silu_and_mul
 
-    return silu_and_mul(linear(x, weight))
+    return silu_and_mul(linear(x, weight, rms_of=rms_of))
 
 
 def silu_mul_linear(x, weight, *, add_norm=None):

@@ -10,8 +10,9 @@ Between a layer's output projection (y) and the next input projection sits
   loaded before its loop; reading h beside the activations instead cost ~20% more
   instructions in the loop: benchmarks/sass.py --rms-in).
 The product is the same as the separate kernel's up to rounding: hn * (1 / rms) is not rounded
-to the activation dtype before the multiply. Used by the dense (fp16/fp32) decode GEMV; the
-quantized GEMVs measured no gain from it (kernel.linear_fuses_norm).
+to the activation dtype before the multiply. Used by the dense (fp16/fp32) decode GEMV, and on
+CUDA by the packed K-quant GEMVs (kernel.linear_fuses_norm), which load these operands after
+their loop instead (registers).
 
 add_norm = (residual, norm_weight, zero_centred) and rms_of = (partial sums, eps) are the
 host-side arguments of kernel.linear and friends; reference.py says what they compute.

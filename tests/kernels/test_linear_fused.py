@@ -168,34 +168,62 @@ def test_add_norm_then_rms_of_dense(dtype, T, K1, K, N):
     assert_close(y, un_y)
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "Q6_K"])
-def test_add_norm_then_rms_of_packed(qtype):
-    """Quantized weights take add_norm / rms_of around their GEMVs (the engine keeps their
-    norms separate: linear_fuses_norm), with the same result (odd N, K = 768)."""
-    from g906.kernels.linear import repack
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("T,cfg", [(1, {}), (3, dict(BLOCK_T=2, BLOCK_N=16, H=16)),  # token blocks
+                                   (1, dict(SPLIT=2, H=16))])                         # around it
+def test_add_norm_then_rms_of_packed(qtype, T, cfg):
+    """Packed GEMVs take the split RMSNorm in the kernel (partial sums per program) where one
+    program sums a whole row, and around the product with a split K; same result as
+    projection, RMSNorm, projection (odd N), and in the silu producer."""
+    from g906.kernels.linear import kernel, repack
 
     g = torch.Generator().manual_seed(11)
-    T, K1, K, N = 1, 512, 768, 19
+    K1, K, N = 256, 256, 19
+    if "SPLIT" in cfg and qtype != "Q4_K":
+        pytest.skip("the path around the product: one type is enough")
     w_out = QuantizedTensor(random_blocks(K, K1, qtype, 2).to(DEVICE), qtype, (K, K1))
     w_in = QuantizedTensor(random_blocks(N, K, qtype, 3).to(DEVICE), qtype, (N, K))
     p_out, p_in = (repack.pack(w.data, qtype, w.shape) for w in (w_out, w_in))
     x = randn(T, K1, gen=g, scale=K1 ** -0.5)
     residual, nw = _norm_case(T, K, torch.float32, g)
-    assert not linear_kernel.linear_fuses_norm(x, p_out)
-    h, hn, ss = registry.call_triton("linear", x, p_out, add_norm=(residual, nw, True))
+    assert linear_kernel.linear_fuses_norm(x, p_out) == (
+        (DEVICE == "cpu" or T == 1) and qtype in linear_kernel.SPLIT_NORM_QTYPES)
+    h, hn, ss = kernel.packed_matmul(x, p_out, add_norm=(residual, nw, True), **cfg)
     ref_h, ref_hn, ref_ss = registry.call_reference("linear", x, w_out, add_norm=(residual, nw, True))
     assert_close(h, ref_h)
     assert_close(hn, ref_hn)
+    assert (ss.shape[1] > 1) == ("SPLIT" not in cfg)           # in the kernel: one per program
     assert_close(ss.sum(1, keepdim=True), ref_ss)
-    y = registry.call_triton("linear", hn, p_in, rms_of=(ss, 1e-6))
+    y = kernel.packed_matmul(hn, p_in, rms_of=(ss, 1e-6), **cfg)
     assert_close(y, _unfused(x, w_out, residual, nw, w_in, 1e-6)[1])
-    # the silu and gated-norm producers end the same way
+    # the silu producer ends the same way
     xs = randn(T, 2 * K1, gen=g)
-    got = registry.call_triton("silu_mul_linear", xs, p_out, add_norm=(residual, nw, False))
-    ref = registry.call_reference("silu_mul_linear", xs, w_out, add_norm=(residual, nw, False))
-    assert_close(got[0], ref[0])
-    assert_close(got[1], ref[1])
-    assert_close(got[2].sum(1, keepdim=True), ref[2])
+    got = kernel.packed_matmul(xs, p_out, silu=True, add_norm=(residual, nw, False), **cfg)
+    _same_add_norm(got, registry.call_reference("silu_mul_linear", xs, w_out, add_norm=(residual, nw, False)))
+
+
+@pytest.mark.parametrize("types", [("Q5_K", "Q4_K"), ("Q4_K", "Q6_K")])
+def test_rms_of_in_the_pair_and_glu_gemvs(types):
+    """The consumers of a split RMSNorm in a Q4_K_M decode step: the two-weight launch
+    (linear_pair) and the gate/up GEMV with its SwiGLU (linear_glu), against projection after
+    a whole RMSNorm."""
+    from g906.kernels.linear import kernel, repack
+
+    g = torch.Generator().manual_seed(12)
+    K = 768
+    hn = randn(1, K, gen=g)
+    ss = randn(1, 5, gen=g).abs() * K / 5              # partial sums of h * h, 5 programs
+    ws = [QuantizedTensor(random_blocks(n, K, qt, 20 + i).to(DEVICE), qt, (n, K))
+          for i, (qt, n) in enumerate(zip(types, (13, 6)))]
+    pws = [repack.pack(w.data, w.qtype, w.shape) for w in ws]
+    normed = registry.call_reference("linear", hn, torch.eye(K, device=DEVICE), rms_of=(ss, 1e-6))
+    assert kernel._pq_pair_configs(hn, pws) is not None
+    for got, w in zip(registry.call_triton("linear_pair", hn, *pws, rms_of=(ss, 1e-6)), ws):
+        assert_close(got, registry.call_reference("linear", normed, w))
+    gu = QuantizedTensor(random_blocks(26, K, types[1], 30).to(DEVICE), types[1], (26, K))
+    pgu = repack.pack(gu.data, gu.qtype, gu.shape)
+    assert_close(registry.call_triton("linear_glu", hn, pgu, rms_of=(ss, 1e-6)),
+                 registry.call_reference("linear_glu", normed, gu))
 
 
 def _same_add_norm(got, ref):

@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from g906.engine.layers import ops
-from g906.engine.layers.linear import Linear, fuse_weights, is_packed, project
-from g906.engine.layers.norms import AddNorm, NormedInput
+from g906.engine.layers.linear import Linear, fuse_weights, fuses_norm, is_packed, plain, project
+from g906.engine.layers.norms import AddNorm
 
 
 class MLP(nn.Module):
@@ -31,13 +31,12 @@ class MLP(nn.Module):
         if w is not None and is_packed(w):
             # repacked GGUF weights: the gate/up GEMV's epilogue applies the SwiGLU (decode);
             # dense ones keep it in the down projection's GEMV, beside its split RMSNorm
-            if isinstance(x, NormedInput):
-                x = x.materialize()
-            return self.down_proj(ops.linear_glu(x, w), then)
+            if fuses_norm(x, [w]):
+                return self.down_proj(ops.linear_glu(x.hn, w, rms_of=x.rms_of), then)
+            return self.down_proj(ops.linear_glu(plain(x), w), then)
         if w is not None:
             gate_up = project(x, w)
         else:
-            if isinstance(x, NormedInput):
-                x = x.materialize()
+            x = plain(x)
             gate_up = torch.cat([self.gate_proj(x), self.up_proj(x)], dim=-1)
         return self.down_proj.forward_silu_mul(gate_up, then)

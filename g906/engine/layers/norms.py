@@ -49,6 +49,11 @@ class NormedInput(NamedTuple):
     def materialize(self) -> torch.Tensor:
         return self.norm(self.h)
 
+    @property
+    def rms_of(self) -> tuple:
+        """The rms_of argument of the projection that reads hn (ops.linear)."""
+        return (self.ss, self.norm.eps)
+
 
 class AddNorm(NamedTuple):
     """What follows an output projection: the residual add and the next RMSNorm. Given to the
