@@ -194,6 +194,56 @@ def test_fused_projections_stack_per_kind(pack, kinds, stacks):
         assert_close(g, w)
 
 
+def test_packed_layers_hand_the_norm_to_the_next_gemvs(monkeypatch):
+    """The decode wiring on repacked K-quant weights (as on a GPU): an output projection given
+    the next RMSNorm returns a NormedInput (no norm kernel), which a two-kind FusedProjections
+    (one pair launch) and the MLP (the gate/up GEMV with its SwiGLU, then the down projection,
+    itself handing on the next norm) consume; the same as projection, RMSNorm, projections."""
+    from g906.engine.layers.linear import FusedProjections, Linear
+    from g906.engine.layers.mlp import MLP
+    from g906.engine.layers.norms import AddNorm, NormedInput, RMSNorm
+
+    monkeypatch.setenv("G906_KERNELS", "triton")        # the GPU's choices, on the CPU too
+    H, I = 256, 256
+    g = torch.Generator().manual_seed(70)
+
+    def linear(k, n, qt, seed):
+        lin = Linear(k, n)
+        w = qweight(n, k, qt, seed)
+        lin.set_weight("weight", repack.pack(w.data, qt, w.shape))
+        return lin
+
+    def rmsnorm():
+        norm = RMSNorm(H, 1e-6)
+        norm.weight = randn(H, gen=g, scale=0.3)
+        return norm
+
+    o_proj, norm, norm2 = linear(H, H, "Q4_K", 71), rmsnorm(), rmsnorm()
+    mlp = MLP(H, I)
+    mlp.gate_proj, mlp.up_proj = linear(H, I, "Q4_K", 72), linear(H, I, "Q4_K", 73)
+    mlp.down_proj = linear(I, H, "Q6_K", 74)
+    mlp.post_load()
+    qkv = FusedProjections([linear(H, 12, "Q5_K", 75), linear(H, 6, "Q4_K", 76)])
+    qkv.fuse()
+    x, residual = randn(1, H, gen=g), randn(1, H, gen=g)
+
+    y = o_proj(x, AddNorm(residual, norm))
+    assert isinstance(y, NormedInput)
+    out = mlp(y, AddNorm(y.h, norm2))
+    assert isinstance(out, NormedInput)
+    heads = qkv(out)
+    # the same with every norm and the silu-mul as separate ops (reference kernels)
+    normed, h = registry.call_reference("rms_norm", o_proj(x), norm.weight, 1e-6, residual=residual,
+                                        zero_centred=True)
+    assert_close(y.h, h)
+    act = registry.call_reference("silu_and_mul", normed @ mlp.gate_up_weight.dequantize().t())
+    normed2, h2 = registry.call_reference("rms_norm", act @ mlp.down_proj.weight.dequantize().t(),
+                                          norm2.weight, 1e-6, residual=h, zero_centred=True)
+    assert_close(out.h, h2)
+    for got, (_, w) in zip(heads, qkv.stacks + [([1], qkv.linears[0].weight)]):
+        assert_close(got, normed2 @ w.dequantize().t())
+
+
 @pytest.mark.parametrize("types", [("Q5_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q8_0", "Q4_0")])
 @pytest.mark.parametrize("K,T", [(512, 1), (2048, 1), (512, 3)])
 def test_linear_pair_one_launch(types, K, T):
