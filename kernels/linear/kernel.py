@@ -1492,11 +1492,11 @@ def packed_matmul(x, pw, *, silu=False, glu=False, add_norm=None, rms_of=None, *
     out = empty((T, N // 2 if glu else N), x.dtype, x.device)
     if T == 0:
         return out
-    from .. import ops
+    if not gemv and (silu or glu):   # the silu-mul as its own op, before or after
+        from .. import ops
 
-    if silu and not gemv:
-        return packed_matmul(ops.silu_and_mul(x), pw, DOT=dot, **cfg)
-    if glu and not gemv:
+        if silu:
+            return packed_matmul(ops.silu_and_mul(x), pw, DOT=dot, **cfg)
         return ops.silu_and_mul(packed_matmul(x, pw, DOT=dot, **cfg))
     if gemv:
         x, rms_of = _rms_in_registers(x, rms_of)

@@ -78,16 +78,16 @@ class Linear(WeightHolder):
 
 
 def project(x, weight):
-    """ops.linear(x, weight) for a tensor or a NormedInput: its 1 / rms applied in the GEMV
-    where it can be, else the norm is computed first."""
-    if fuses_norm(x, [weight]):
-        return ops.linear(x.hn, weight, rms_of=x.rms_of)
-    return ops.linear(plain(x), weight)
+    """ops.linear(x, weight) for a tensor or a NormedInput (normed_call)."""
+    return normed_call(ops.linear, x, weight)
 
 
-def fuses_norm(x, weights) -> bool:
-    """Whether x is a NormedInput whose 1 / rms the GEMVs of all `weights` can apply."""
-    return isinstance(x, NormedInput) and all(ops.linear_fuses_norm(x.hn, w) for w in weights)
+def normed_call(op, x, *weights):
+    """op(x, *weights) for a tensor or a NormedInput x: its 1 / rms applied in the GEMVs
+    (op's rms_of) where all of them can, else the norm is computed first."""
+    if isinstance(x, NormedInput) and all(ops.linear_fuses_norm(x.hn, w) for w in weights):
+        return op(x.hn, *weights, rms_of=x.rms_of)
+    return op(plain(x), *weights)
 
 
 def plain(x) -> torch.Tensor:
@@ -163,10 +163,8 @@ class FusedProjections:
                               if i not in stacked]
         if len(mats) == 1:
             return list(project(x, mats[0][1]).split(self.sizes, dim=-1))
-        if len(mats) == 2 and fuses_norm(x, [w for _, w in mats]):
-            ys = ops.linear_pair(x.hn, mats[0][1], mats[1][1], rms_of=x.rms_of)
-        elif len(mats) == 2:
-            ys = ops.linear_pair(plain(x), mats[0][1], mats[1][1])
+        if len(mats) == 2:
+            ys = normed_call(ops.linear_pair, x, mats[0][1], mats[1][1])
         else:
             x = plain(x)                 # once, for all the matmuls
             ys = [ops.linear(x, w) for _, w in mats]

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from g906.engine.layers import ops
-from g906.engine.layers.linear import Linear, fuse_weights, fuses_norm, is_packed, plain, project
+from g906.engine.layers.linear import Linear, fuse_weights, is_packed, normed_call, plain, project
 from g906.engine.layers.norms import AddNorm
 
 
@@ -31,9 +31,7 @@ class MLP(nn.Module):
         if w is not None and is_packed(w):
             # repacked GGUF weights: the gate/up GEMV's epilogue applies the SwiGLU (decode);
             # dense ones keep it in the down projection's GEMV, beside its split RMSNorm
-            if fuses_norm(x, [w]):
-                return self.down_proj(ops.linear_glu(x.hn, w, rms_of=x.rms_of), then)
-            return self.down_proj(ops.linear_glu(plain(x), w), then)
+            return self.down_proj(normed_call(ops.linear_glu, x, w), then)
         if w is not None:
             gate_up = project(x, w)
         else:
