@@ -56,6 +56,26 @@ def empty_like(x):
     return empty(x.shape, x.dtype, x.device)
 
 
+_COUNTERS: dict = {}
+_OLD_COUNTERS: list = []
+
+
+def arrival_counters(device: torch.device, n: int) -> torch.Tensor:
+    """At least n int32 counters on `device`, shared by the kernels whose programs count
+    their arrivals (the last to arrive finishes the work): each call of such a kernel advances
+    its counters by a multiple of 64 and tests the low six bits, so they need no reset
+    between calls. A larger set replaces a smaller one; the old stays allocated, since CUDA
+    graphs captured with it keep its address."""
+    key = str(device)
+    have = _COUNTERS.get(key)
+    if have is None or have.numel() < n:
+        if have is not None:
+            _OLD_COUNTERS.append(have)
+        have = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _COUNTERS[key] = have
+    return have
+
+
 _STEP_MEMO: dict = {}
 
 

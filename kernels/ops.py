@@ -35,6 +35,15 @@ def _last_contig(*tensors) -> bool:
     return all(t is None or t.stride(-1) == 1 for t in tensors)
 
 
+def _norm_fits_step(gated_norm, num_v_heads) -> bool:
+    """The decode step kernel's gated norm: z [B, Hv, Dv] rows, Dv a power of two (its programs
+    per head then divide the arrival counter's 64)."""
+    z = gated_norm[0]
+    dv = z.shape[-1]
+    return (z.dim() == 3 and z.shape[1] == num_v_heads and z.stride(-1) == 1 and _ok(z)
+            and dv & (dv - 1) == 0 and dv <= 1024)
+
+
 def _linear_supports(x, weight, **_):
     if x.dim() != 2 or not _ok(x) or x.stride(1) != 1:
         return False
@@ -76,9 +85,10 @@ registry.register("causal_conv1d_decode", _conv.causal_conv1d_decode,
                   lambda x, w, st, *a: _ok(x, st) and x.stride(1) == 1 and w.stride(1) == 1)
 registry.register("conv_gated_delta_rule_decode", _gdn.conv_gated_delta_rule_decode,
                   "gdn.kernel:conv_gated_delta_rule_decode",
-                  lambda qkv, w, st, lens, a, b, A_log, dtb, ssm, *r, **kw: (
+                  lambda qkv, w, st, lens, a, b, A_log, dtb, ssm, *r, gated_norm=None, **kw: (
                       _ok(qkv, st) and ssm.dtype == torch.float32 and w.stride(1) == 1
-                      and _last_contig(qkv, a, b)))
+                      and _last_contig(qkv, a, b)
+                      and (gated_norm is None or _norm_fits_step(gated_norm, a.shape[1]))))
 registry.register("gated_delta_rule_decode", _gdn.gated_delta_rule_decode,
                   "gdn.kernel:gated_delta_rule_decode",
                   lambda q, k, v, a, b, *r, **kw: _ok(q, k, v) and r[2].dtype == torch.float32
@@ -199,13 +209,15 @@ def causal_conv1d_decode(x, weight, conv_states, state_slots, seq_lens):
 
 def conv_gated_delta_rule_decode(qkv, conv_weight, conv_states, seq_lens, a, b, A_log, dt_bias,
                                  ssm_states, state_slots, *, num_k_heads, head_k_dim,
-                                 v_head_order="grouped"):
+                                 v_head_order="grouped", gated_norm=None):
     """causal_conv1d_decode of the raw projection qkv [B, 2 Hk Dk + Hv Dv], then
-    gated_delta_rule_decode of its q | k | v heads: one kernel on a GPU."""
+    gated_delta_rule_decode of its q | k | v heads: one kernel on a GPU. gated_norm = (z [B, Hv,
+    Dv], weight, eps): the output is gated_rms_norm(o, z, weight, eps), in the same kernel."""
+    kw = {} if gated_norm is None else {"gated_norm": gated_norm}
     return registry.dispatch("conv_gated_delta_rule_decode", qkv, conv_weight, conv_states,
                              seq_lens, a, b, A_log, dt_bias, ssm_states, state_slots,
                              num_k_heads=num_k_heads, head_k_dim=head_k_dim,
-                             v_head_order=v_head_order)
+                             v_head_order=v_head_order, **kw)
 
 
 def gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, *,

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_util import empty, is_rocm, next_pow2, num_sms, step_memo
+from .._triton_util import arrival_counters, empty, is_rocm, next_pow2, num_sms, step_memo
 from ..conv1d.kernel import conv_finish, conv_taps
 from ..pdl import pdl_args, pdl_start
 
@@ -46,14 +46,20 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, st_
                        o_ptr, Hk, Hv, DK, DV, sq_b, sq_h, sk_b, sk_h, sv_b, sv_h, sa_b, sb_b,
                        ss_s, ss_h, ss_k, so_b, so_h, q_scale,
                        cw_ptr, cst_ptr, len_ptr, KEY_DIM, scw_c, scs_s, scs_c,
+                       z_ptr, nw_ptr, cnt_ptr, sz_b, sz_h, eps,
                        GROUPED: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
                        CONV: tl.constexpr = False, CONV_K: tl.constexpr = 4,
+                       NORM: tl.constexpr = False, BLOCK_D: tl.constexpr = 1,
                        PDL: tl.constexpr = False):
     """CONV: q, k, v are the raw projection (channels [q | k | v] of the conv1d) and the
     program first applies the conv step to its channels (conv1d/kernel.py: conv_taps,
     conv_finish). The q/k channels of a key head are shared by the programs of its value
     heads: all compute their conv from the ring, one of them writes the new input (the ring
-    column it writes is one nobody reads in this step)."""
+    column it writes is one nobody reads in this step).
+    NORM: the output is the gated RMSNorm of the head's o, norm(o) * w * silu(z) (as
+    norm/kernel.py's gated_rms_norm), applied by the last of the head's programs to store its
+    columns: each adds 64 / (programs per head) to the head's arrival counter (cnt_ptr), so a
+    call advances it by exactly 64 and needs no reset (arrival_counters)."""
     bi = tl.program_id(0)
     h = tl.program_id(1)
     vb = tl.program_id(2)
@@ -86,6 +92,11 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, st_
     q = tl.load(q_ptr + b64 * sq_b + kh * sq_h + kk, mask=kmask, other=0.0)
     k = tl.load(k_ptr + b64 * sk_b + kh * sk_h + kk, mask=kmask, other=0.0)
     v = tl.load(v_ptr + b64 * sv_b + h * sv_h + vv, mask=vmask, other=0.0)
+    if NORM:  # loaded by every program with the inputs, used by the head's last
+        dd = tl.arange(0, BLOCK_D)
+        dm = dd < DV
+        zg = tl.load(z_ptr + b64 * sz_b + h * sz_h + dd, mask=dm, other=0.0).to(tl.float32)
+        nw = tl.load(nw_ptr + dd, mask=dm, other=0.0).to(tl.float32)
     a = tl.load(a_ptr + b64 * sa_b + h).to(tl.float32)
     bb = tl.load(b_ptr + b64 * sb_b + h).to(tl.float32)
     if CONV:
@@ -111,19 +122,30 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, st_
     S = S + k[:, None] * delta[None, :]
     o = tl.sum(S * q[:, None], axis=0)
     tl.store(sp, S, mask=m2)
-    tl.store(o_ptr + b64 * so_b + h * so_h + vv, o.to(o_ptr.dtype.element_ty), mask=vmask)
+    orow = o_ptr + b64 * so_b + h * so_h
+    tl.store(orow + vv, o.to(o_ptr.dtype.element_ty), mask=vmask)
+    if NORM:
+        inc = 64 // tl.num_programs(2)
+        tl.debug_barrier()          # all the program's stores before its arrival (release)
+        arrived = tl.atomic_add(cnt_ptr + bi * Hv + h, inc, sem="acq_rel", scope="gpu") + inc
+        if (arrived & 63) == 0:     # the head's last program (also once the int32 wraps)
+            x = tl.load(orow + dd, mask=dm, other=0.0, cache_modifier=".cg").to(tl.float32)
+            rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / DV + eps)
+            y = x * rstd * nw * (zg / (1.0 + tl.exp(-zg)))
+            tl.store(orow + dd, y.to(o_ptr.dtype.element_ty), mask=dm)
 
 
 def gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, *,
                             v_head_order="grouped", block_v=None, num_warps=4):
     return _decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, v_head_order,
-                   block_v, num_warps, None)
+                   block_v, num_warps, None, None)
 
 
 def _decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, v_head_order, block_v,
-            num_warps, conv):
+            num_warps, conv, gated_norm):
     """conv = (conv_weight, conv_states, seq_lens, key_dim): q, k, v are views of the raw
-    projection and the conv step runs in the same kernel (conv_gated_delta_rule_decode)."""
+    projection and the conv step runs in the same kernel (conv_gated_delta_rule_decode).
+    gated_norm = (z [B, Hv, Dv], weight [Dv], eps): the output is gated_rms_norm(o, z, ...)."""
     B, Hk, DK = k.shape
     Hv, DV = v.shape[1], v.shape[2]
     o = empty((B, Hv, DV), v.dtype, v.device)
@@ -135,33 +157,44 @@ def _decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, v_head_order
     assert a.stride(-1) == 1 and b.stride(-1) == 1
     BLOCK_K = next_pow2(DK)
     BLOCK_V = block_v or min(next_pow2(DV), 32 if B * Hv >= 256 else 16)
+    n_vb = triton.cdiv(DV, BLOCK_V)
     if conv is None:
-        conv_args, conv_kw = (ssm_states, ssm_states, state_slots, 0, 0, 0, 0), {}
+        conv_args, kw = (ssm_states, ssm_states, state_slots, 0, 0, 0, 0), {}
     else:
         cw, cst, lens, key_dim = conv
         assert cw.stride(1) == 1 and cst.stride(2) == 1
         conv_args = (cw, cst, lens, key_dim, cw.stride(0), cst.stride(0), cst.stride(1))
-        conv_kw = dict(CONV=True, CONV_K=cw.shape[1])
-    _gdn_decode_kernel[(B, Hv, triton.cdiv(DV, BLOCK_V))](
+        kw = dict(CONV=True, CONV_K=cw.shape[1])
+    if gated_norm is None:
+        norm_args = (ssm_states, ssm_states, state_slots, 0, 0, 0.0)
+    else:
+        z, nw, eps = gated_norm
+        assert z.shape == (B, Hv, DV) and z.stride(-1) == 1 and nw.numel() == DV
+        assert 64 % n_vb == 0, "the arrival counter needs programs per head dividing 64"
+        norm_args = (z, nw, arrival_counters(v.device, B * Hv), z.stride(0), z.stride(1),
+                     float(eps))
+        kw.update(NORM=True, BLOCK_D=next_pow2(DV))
+    _gdn_decode_kernel[(B, Hv, n_vb)](
         q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, o, Hk, Hv, DK, DV,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         a.stride(0), b.stride(0), ssm_states.stride(0), ssm_states.stride(1),
-        ssm_states.stride(2), o.stride(0), o.stride(1), DK ** -0.5, *conv_args,
+        ssm_states.stride(2), o.stride(0), o.stride(1), DK ** -0.5, *conv_args, *norm_args,
         GROUPED=v_head_order == "grouped", BLOCK_K=BLOCK_K, BLOCK_V=BLOCK_V, num_warps=num_warps,
-        **conv_kw, **pdl_args(q.device))
+        **kw, **pdl_args(q.device))
     return o
 
 
 def conv_gated_delta_rule_decode(qkv, conv_weight, conv_states, seq_lens, a, b, A_log, dt_bias,
                                  ssm_states, state_slots, *, num_k_heads, head_k_dim,
-                                 v_head_order="grouped", block_v=None, num_warps=4):
+                                 v_head_order="grouped", gated_norm=None, block_v=None,
+                                 num_warps=4):
     B = qkv.shape[0]
     key_dim = num_k_heads * head_k_dim
     Hv = a.shape[1]
     q, k, v = qkv.split([key_dim, key_dim, qkv.shape[1] - 2 * key_dim], dim=-1)
     return _decode(q.view(B, num_k_heads, head_k_dim), k.view(B, num_k_heads, head_k_dim),
                    v.view(B, Hv, -1), a, b, A_log, dt_bias, ssm_states, state_slots, v_head_order,
-                   block_v, num_warps, (conv_weight, conv_states, seq_lens, key_dim))
+                   block_v, num_warps, (conv_weight, conv_states, seq_lens, key_dim), gated_norm)
 
 
 @triton.jit

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..conv1d.reference import causal_conv1d_decode
+from ..norm.reference import gated_rms_norm
 
 
 def kv_head_index(hv: int, hk: int, order: str, device=None) -> torch.Tensor:
@@ -57,17 +58,19 @@ def gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slo
 
 def conv_gated_delta_rule_decode(qkv, conv_weight, conv_states, seq_lens, a, b, A_log, dt_bias,
                                  ssm_states, state_slots, *, num_k_heads, head_k_dim,
-                                 v_head_order="grouped"):
+                                 v_head_order="grouped", gated_norm=None):
     """The conv1d decode step on the raw projection qkv [B, 2 Hk Dk + Hv Dv] ([q | k | v]
-    channels), then gated_delta_rule_decode on its output split into heads."""
+    channels), then gated_delta_rule_decode on its output split into heads; gated_norm =
+    (z, weight, eps): then gated_rms_norm(o, z, weight, eps)."""
     B = qkv.shape[0]
     key_dim = num_k_heads * head_k_dim
     y = causal_conv1d_decode(qkv, conv_weight, conv_states, state_slots, seq_lens)
     q, k, v = y.split([key_dim, key_dim, y.shape[1] - 2 * key_dim], dim=-1)
     shape = (B, num_k_heads, head_k_dim)
-    return gated_delta_rule_decode(q.reshape(shape), k.reshape(shape), v.reshape(B, a.shape[1], -1),
-                                   a, b, A_log, dt_bias, ssm_states, state_slots,
-                                   v_head_order=v_head_order)
+    o = gated_delta_rule_decode(q.reshape(shape), k.reshape(shape), v.reshape(B, a.shape[1], -1),
+                                a, b, A_log, dt_bias, ssm_states, state_slots,
+                                v_head_order=v_head_order)
+    return o if gated_norm is None else gated_rms_norm(o, *gated_norm)
 
 
 def gated_delta_rule_recurrent(q, k, v, a, b, A_log, dt_bias, cu_seqlens, ssm_states,

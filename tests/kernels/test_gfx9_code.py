@@ -431,11 +431,11 @@ def _launches(s: dict, zero_centred: bool) -> dict:
     conv_dim = 2 * lk * dk + lv * dv
     qkv, zg, b, a = z(1, conv_dim + lv * dv + 2 * lv).split([conv_dim, lv * dv, lv, lv], dim=-1)
 
-    def gdn(order):   # HF checkpoints: "grouped"; llama.cpp's GGUF: "tiled"
+    def gdn(order, gated_norm=None):   # HF checkpoints: "grouped"; llama.cpp's GGUF: "tiled"
         return lambda: mods["gdn"].conv_gated_delta_rule_decode(
             qkv, z(conv_dim, 4), z(2, conv_dim, 4), z(1, dtype=i32), a, b, z(lv, dtype=f32),
             z(lv, dtype=f32), z(2, lv, dk, dv, dtype=f32), z(1, dtype=i32), num_k_heads=lk,
-            head_k_dim=dk, v_head_order=order)
+            head_k_dim=dk, v_head_order=order, gated_norm=gated_norm)
 
     return {
         "rms_norm": ("norm", "_rms_norm_kernel", lambda: mods["norm"].rms_norm(
@@ -445,7 +445,10 @@ def _launches(s: dict, zero_centred: bool) -> dict:
             zero_centred=zero_centred, kv_store=(v, z(64, 16, hk, d), z(64, 16, hk, d), z(1, dtype=i64)))),
         "gdn_decode grouped": ("gdn", "_gdn_decode_kernel", gdn("grouped")),
         "gdn_decode tiled": ("gdn", "_gdn_decode_kernel", gdn("tiled")),
-        # these two where the GEMV after them does not take them in (quantized weights)
+        # before a quantized out_proj: the gated norm by the head's last program (arrival count)
+        "gdn_decode gated_norm": ("gdn", "_gdn_decode_kernel",
+                                  gdn("tiled", (zg.view(1, lv, dv), z(dv), 1e-6))),
+        # prefill's (and silu_and_mul where the GEMV after it does not take it in)
         "gated_rms_norm": ("norm", "_gated_rms_norm_kernel", lambda: mods["norm"].gated_rms_norm(
             z(1, lv, dv), zg.view(1, lv, dv), z(dv), 1e-6)),
         "silu_and_mul": ("activation", "_silu_and_mul_kernel", lambda: mods["activation"].silu_and_mul(
@@ -499,7 +502,8 @@ def _fused_gemvs(s: dict, zero_centred: bool) -> dict:
     return out
 
 
-LAUNCHERS = ("rms_norm", "qk_norm_rotary", "gdn_decode grouped", "gdn_decode tiled", "gated_rms_norm",
+LAUNCHERS = ("rms_norm", "qk_norm_rotary", "gdn_decode grouped", "gdn_decode tiled",
+             "gdn_decode gated_norm", "gated_rms_norm",
              "silu_and_mul", "silu_mul_linear F16", "gated_norm_linear F16",
              *(f"embedding {q}" for q in ("Q8_0", "Q4_K", "Q5_K", "Q6_K")),
              *(f"silu_mul_linear {q}" for q in QTYPES), *(f"linear_glu {q}" for q in QTYPES))

@@ -10,7 +10,7 @@ from g906.kernels import registry
 from g906.kernels.gdn.reference import gated_delta_rule_recurrent, kv_head_index
 
 from .conftest import DEVICE
-from .util import assert_close, gpu, needs_gpu, randn
+from .util import assert_close, gpu, needs_gpu, randn, rel_err
 
 
 def _i32(xs):
@@ -160,6 +160,44 @@ def test_conv_gdn_decode(order, dtype):
                               a, b, A_log, dt_bias, s2, slots, v_head_order=order)
     assert_close(o_t, o2, tol=1e-6)
     assert torch.equal(r_t.nan_to_num(7.0), r2.nan_to_num(7.0))
+
+
+def _gated_norm_inputs(B, Hv, Dv, dtype, gen):
+    """z as the [B, Hv, Dv] view of a wider projection output (row stride past Hv * Dv), and the
+    norm's weight."""
+    z = randn(B, Hv * Dv + 7, dtype=dtype, gen=gen)[:, :Hv * Dv].view(B, Hv, Dv)
+    return z, randn(Dv, dtype=dtype, gen=gen) + 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_conv_gdn_decode_gated_norm(dtype):
+    """The gated RMSNorm applied by the last of each head's programs to store its columns: one
+    program a head, two and four (the arrival counters are shared, calls alternate the count),
+    against the reference's gated_delta_rule then gated_rms_norm; repeated calls keep the
+    counters at multiples of 64."""
+    from g906.kernels._triton_util import arrival_counters
+
+    g = torch.Generator().manual_seed(36)
+    B, Hk, Hv, Dk, Dv, K, S = 3, 2, 4, 16, 32, 4, 5
+    qkv, w, rings, a, b, A_log, dt_bias, st0 = _conv_gdn_inputs(B, Hk, Hv, Dk, Dv, K, S, dtype, g)
+    z, nw = _gated_norm_inputs(B, Hv, Dv, dtype, g)
+    slots, lens = _i32([2, 0, 4]), _i32([7, 2, 1])
+    kw = dict(num_k_heads=Hk, head_k_dim=Dk, v_head_order="tiled", gated_norm=(z, nw, 1e-6))
+    r_r, s_r = rings.clone(), st0.clone()
+    o_r = registry.call_reference("conv_gated_delta_rule_decode", qkv, w, r_r, lens, a, b, A_log,
+                                  dt_bias, s_r, slots, **kw)
+    o_plain = registry.call_reference("conv_gated_delta_rule_decode", qkv, w, rings.clone(), lens,
+                                      a, b, A_log, dt_bias, st0.clone(), slots,
+                                      num_k_heads=Hk, head_k_dim=Dk, v_head_order="tiled")
+    assert rel_err(o_r, o_plain) > 0.1                      # the norm changes the output
+    for block_v in (32, 16, 8, 16):
+        r_t, s_t = rings.clone(), st0.clone()
+        o_t = registry.call_triton("conv_gated_delta_rule_decode", qkv, w, r_t, lens, a, b, A_log,
+                                   dt_bias, s_t, slots, block_v=block_v, **kw)
+        assert_close(o_t, o_r)
+        assert torch.equal(r_t, r_r)
+        assert_close(s_t, s_r, tol=1e-5)
+        assert not (arrival_counters(o_t.device, B * Hv)[:B * Hv] % 64).any()
 
 
 PREFILL_CASES = [  # lens, chunk_size
@@ -313,3 +351,12 @@ def test_gdn_real_shapes(order):
     assert_close(o_t, o_r)
     assert torch.equal(r1, r2)
     assert_close(s1, s2, tol=1e-5)
+    z, nw = _gated_norm_inputs(B, Hv, Dv, torch.float16, g)
+    for bsz in (1, B):                           # 16- and 32-column programs (8 and 4 a head)
+        kw = dict(num_k_heads=Hk, head_k_dim=Dk, v_head_order=order, gated_norm=(z[:bsz], nw, 1e-6))
+        one = (qkv[:bsz], w, rings.clone(), lens[:bsz], a[:bsz], b[:bsz], A_log, dt_bias)
+        for _ in range(3):
+            o_t = registry.call_triton("conv_gated_delta_rule_decode", *one, sd.clone(), sl[:bsz], **kw)
+            o_r = registry.call_reference("conv_gated_delta_rule_decode", *one, sd.clone(), sl[:bsz],
+                                          **kw)
+            assert_close(o_t, o_r)

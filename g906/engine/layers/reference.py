@@ -281,16 +281,18 @@ def causal_conv1d_decode(x, weight, conv_states, state_slots, seq_lens):
 
 def conv_gated_delta_rule_decode(qkv, conv_weight, conv_states, seq_lens, a, b, A_log, dt_bias,
                                  ssm_states, state_slots, *, num_k_heads, head_k_dim,
-                                 v_head_order="grouped"):
-    """causal_conv1d_decode on the raw [q | k | v] projection, then the recurrent step."""
+                                 v_head_order="grouped", gated_norm=None):
+    """causal_conv1d_decode on the raw [q | k | v] projection, then the recurrent step (and
+    gated_rms_norm(o, *gated_norm) when given)."""
     y = causal_conv1d_decode(qkv, conv_weight, conv_states, state_slots, seq_lens)
     kd = num_k_heads * head_k_dim
     n = qkv.shape[0]
     q = y[:, :kd].reshape(n, num_k_heads, head_k_dim)
     k = y[:, kd:2 * kd].reshape(n, num_k_heads, head_k_dim)
     v = y[:, 2 * kd:].reshape(n, a.shape[1], -1)
-    return gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots,
-                                   v_head_order=v_head_order)
+    o = gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots,
+                                v_head_order=v_head_order)
+    return o if gated_norm is None else gated_rms_norm(o, *gated_norm)
 
 
 # --------------------------------------------------------------------------------------------
