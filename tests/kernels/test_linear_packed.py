@@ -244,6 +244,54 @@ def test_packed_layers_hand_the_norm_to_the_next_gemvs(monkeypatch):
         assert_close(got, normed2 @ w.dequantize().t())
 
 
+def test_linear_attention_decode_takes_its_gated_norm_from_the_step(monkeypatch):
+    """A linear-attention layer whose out_proj is repacked (as on a GPU): in decode the step
+    kernel applies the gated RMSNorm (no norm kernel, no norm in the GEMV), and the output is
+    the reference's conv + recurrent step, gated_rms_norm, then the dequantized projection."""
+    from g906.engine.context import ForwardContext
+    from g906.engine.layers import ops as layer_ops
+    from g906.engine.layers.gated_deltanet import GatedDeltaNet
+    from g906.engine.layers.linear import Linear
+
+    monkeypatch.setenv("G906_KERNELS", "triton")
+    monkeypatch.setattr(layer_ops, "gated_norm_linear", None)    # the path the layer must not take
+    H, Hk, Hv, Dk, Dv, K = 256, 2, 8, 32, 32, 4
+    g = torch.Generator().manual_seed(80)
+    gdn = GatedDeltaNet(H, Hk, Hv, Dk, Dv, K, 1e-6, head_order="tiled")
+    w_in = [randn(lin.out_features, H, gen=g, scale=H ** -0.5)
+            for lin in (gdn.in_proj_qkv, gdn.in_proj_z, gdn.in_proj_b, gdn.in_proj_a)]
+    for lin, w in zip((gdn.in_proj_qkv, gdn.in_proj_z, gdn.in_proj_b, gdn.in_proj_a), w_in):
+        lin.set_weight("weight", w)
+    w_out = qweight(H, Hv * Dv, "Q4_K", 81)
+    out_proj = Linear(Hv * Dv, H)
+    out_proj.set_weight("weight", repack.pack(w_out.data, "Q4_K", w_out.shape))
+    gdn.out_proj = out_proj
+    gdn.conv1d.set_weight("weight", randn(gdn.conv_dim, K, gen=g, scale=0.5))
+    gdn.norm.set_weight("weight", randn(Dv, gen=g, scale=0.3) + 1.0)
+    gdn.A_log, gdn.dt_bias = randn(Hv, gen=g, scale=0.5), randn(Hv, gen=g, scale=0.5)
+    gdn.post_load()
+    B, S = 2, 3
+    conv0 = randn(S, gdn.conv_dim, K, gen=g)
+    ssm0 = randn(S, Hv, Dk, Dv, gen=g, scale=0.3)
+    gdn.conv_state, gdn.ssm_state = conv0.clone(), ssm0.clone()
+    i32 = dict(dtype=torch.int32, device=DEVICE)
+    lens, slots = torch.tensor([5, 9], **i32), torch.tensor([2, 0], **i32)
+    ctx = ForwardContext(False, torch.tensor([0, 1, 2], **i32), lens, lens - 1,
+                         torch.zeros(B, dtype=torch.int64, device=DEVICE),
+                         torch.zeros(B, 1, **i32), slots, torch.ones(B, dtype=torch.bool, device=DEVICE),
+                         1, 9)
+    x = randn(B, H, gen=g)
+    got = gdn(x, ctx)
+
+    qkv, z, b, a = (x @ w.t() for w in w_in)
+    o = registry.call_reference("conv_gated_delta_rule_decode", qkv, gdn.conv1d.weight, conv0, lens,
+                                a, b, gdn.A_log, gdn.dt_bias, ssm0, slots, num_k_heads=Hk,
+                                head_k_dim=Dk, v_head_order="tiled")
+    normed = registry.call_reference("gated_rms_norm", o, z.view(B, Hv, Dv), gdn.norm.weight, 1e-6)
+    assert_close(got, registry.call_reference("linear", normed.reshape(B, -1), w_out))
+    assert_close(gdn.ssm_state, ssm0, tol=1e-5)
+
+
 @pytest.mark.parametrize("types", [("Q5_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q8_0", "Q4_0")])
 @pytest.mark.parametrize("K,T", [(512, 1), (2048, 1), (512, 3)])
 def test_linear_pair_one_launch(types, K, T):

@@ -16,7 +16,7 @@ import torch
 from g906.engine.context import ForwardContext
 from g906.engine.layers import ops
 from g906.engine.layers.base import WeightHolder, WeightSpec
-from g906.engine.layers.linear import FusedProjections, Linear
+from g906.engine.layers.linear import FusedProjections, Linear, is_packed
 from g906.engine.layers.norms import AddNorm, GatedRMSNorm
 
 
@@ -102,13 +102,18 @@ class GatedDeltaNet(WeightHolder):
                 a, b, self.A_log, self.dt_bias, ctx.cu_seqlens_q, ssm_state, slots, has_init,
                 v_head_order=self.head_order,
             )
-        else:  # conv step and recurrent step in one kernel on a GPU
+        # z stays a [t, Hv, Dv] view of the projection output (the norm reads it in place)
+        z = z.view(t, self.num_v_heads, self.head_v_dim)
+        if not ctx.is_prefill:  # conv step and recurrent step in one kernel on a GPU
+            # a repacked (quantized) out_proj takes the norm from the step kernel; a dense
+            # one in its GEMV's prologue (docs/kernels.md)
+            norm_in_step = is_packed(self.out_proj.weight)
             o = ops.conv_gated_delta_rule_decode(
                 qkv, w, conv_state, ctx.seq_lens, a, b, self.A_log, self.dt_bias, ssm_state, slots,
                 num_k_heads=self.num_k_heads, head_k_dim=self.head_k_dim,
                 v_head_order=self.head_order,
+                gated_norm=(z, self.norm.weight, self.norm.eps) if norm_in_step else None,
             )
-        # z stays a [t, Hv, Dv] view of the projection output (the norm reads it in place);
-        # norm and projection are one kernel in decode where that pays (docs/kernels.md)
-        return self.out_proj.forward_gated_norm(o, z.view(t, self.num_v_heads, self.head_v_dim),
-                                                self.norm, then)
+            if norm_in_step:
+                return self.out_proj(o.reshape(t, self.value_dim), then)
+        return self.out_proj.forward_gated_norm(o, z, self.norm, then)
