@@ -205,6 +205,7 @@ def profile_graph_decode(engine, steps: int = 8) -> dict:
     kernels = [e for e in trace.get("traceEvents", []) if e.get("cat") == "kernel"]
     return kernel_timeline(kernels, steps)
 
+
 def run_rows(args, device: torch.device, out: dict, save) -> None:
     """The groups in priority order; each adds its rows and saves the JSON, and a group that
     would start after the time budget is skipped (recorded as such)."""
@@ -426,6 +427,7 @@ def apply_gemv_configs(table: dict) -> None:
 
     config.__wrapped__ = base
     K._pq_gemv_config = config
+
 
 def fmt(x, spec="{:,.0f}") -> str:
     if x is None:

@@ -36,8 +36,8 @@ def _last_contig(*tensors) -> bool:
 
 
 def _norm_fits_step(gated_norm, num_v_heads) -> bool:
-    """The decode step kernel's gated norm: z [B, Hv, Dv] rows, Dv a power of two (its programs
-    per head then divide the arrival counter's 64)."""
+    """The decode step kernel's gated norm: z [B, Hv, Dv] rows, Dv a power of two up to 1024
+    (its programs per head, of 16 or 32 columns, then divide the arrival counter's 64)."""
     z = gated_norm[0]
     dv = z.shape[-1]
     return (z.dim() == 3 and z.shape[1] == num_v_heads and z.stride(-1) == 1 and _ok(z)

@@ -258,10 +258,10 @@ def test_linear_attention_decode_takes_its_gated_norm_from_the_step(monkeypatch)
     H, Hk, Hv, Dk, Dv, K = 256, 2, 8, 32, 32, 4
     g = torch.Generator().manual_seed(80)
     gdn = GatedDeltaNet(H, Hk, Hv, Dk, Dv, K, 1e-6, head_order="tiled")
-    w_in = [randn(lin.out_features, H, gen=g, scale=H ** -0.5)
-            for lin in (gdn.in_proj_qkv, gdn.in_proj_z, gdn.in_proj_b, gdn.in_proj_a)]
-    for lin, w in zip((gdn.in_proj_qkv, gdn.in_proj_z, gdn.in_proj_b, gdn.in_proj_a), w_in):
-        lin.set_weight("weight", w)
+    w_in = []
+    for lin in (gdn.in_proj_qkv, gdn.in_proj_z, gdn.in_proj_b, gdn.in_proj_a):
+        w_in.append(randn(lin.out_features, H, gen=g, scale=H ** -0.5))
+        lin.set_weight("weight", w_in[-1])
     w_out = qweight(H, Hv * Dv, "Q4_K", 81)
     out_proj = Linear(Hv * Dv, H)
     out_proj.set_weight("weight", repack.pack(w_out.data, "Q4_K", w_out.shape))
@@ -311,6 +311,7 @@ def test_linear_pair_one_launch(types, K, T):
         assert_close(g, registry.call_reference("linear", x, w))
     other = repack.pack(qweight(4, 256, "Q4_K", 50).data, "Q4_K", (4, 256))
     assert kernel._pq_pair_configs(x, [pws[0], other]) is None     # another K: one launch each
+
 
 @pytest.mark.parametrize("qtype", QTYPES)
 @pytest.mark.parametrize("T,cfg", [(1, {}), (1, dict(H=8, BLOCK_N=4)), (1, dict(H=8, BLOCK_N=8, PAIRS=2)),
