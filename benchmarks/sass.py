@@ -8,6 +8,8 @@
 Triton's own ptxas and nvdisasm (shipped in its wheel) turn the kernel into SASS, so this
 runs on any machine: it is how the instruction counts in docs/PERF.md were read (a kernel at
 ~50% of the copy rate that issues ~4 instructions per weight is bound by issue, not memory).
+It also prints the main loop's instructions per weight per thread (the longest backward
+branch that loads; an H200 issues ~7.9 thread-instructions a byte at its copy rate).
 The pointers and strides are declared 16-byte aligned, as the engine's tensors are.
 
     python benchmarks/sass.py --target gfx908 --qtype Q4_K --rows 8 --wsplit --one-imm
@@ -134,6 +136,33 @@ def _main_loop(asm: str) -> list[str]:
     return best
 
 
+def sass_main_loop(sass: str) -> list[str]:
+    """The opcodes of the longest backward branch's body that loads from global memory (sm_90
+    SASS from nvdisasm -c): a GEMV's streaming loop; a peeled first iteration (PRELOAD) and the
+    epilogue are outside it."""
+    addr_re = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]+)")
+    labels, insts, best = {}, [], []
+    pending = []
+    for line in sass.splitlines():
+        m = re.match(r"^(\.L_x_\d+):", line.strip())
+        if m:
+            pending.append(m.group(1))
+            continue
+        m = addr_re.search(line)
+        if not m:
+            continue
+        for lab in pending:
+            labels[lab] = len(insts)
+        pending = []
+        insts.append(m.group(2))
+        b = re.search(r"\bBRA\s+`?\(?(\.L_x_\d+)", line)
+        if b and labels.get(b.group(1), len(insts)) < len(insts) - 1:
+            body = insts[labels[b.group(1)]:]
+            if "LDG" in body and len(body) > len(best):
+                best = body
+    return best
+
+
 def amd_registers(asm: str) -> dict:
     """VGPRs, AGPRs, spilled VGPRs and scratch bytes that a kernel's AMDGPU assembly declares,
     and its main loop's spill instructions (AGPR moves, scratch accesses): values parked
@@ -200,10 +229,14 @@ def analyse(args) -> dict:
         m = re.search(r"/\*[0-9a-f]{4}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line)
         if m:
             ops[m.group(2).split(".")[0]] += 1
+    loop = sass_main_loop(sass)
     return {"kernel": fn.__name__, "qtype": args.qtype, "rows": args.rows, "warps": args.warps,
             "registers": int(regs.group(1)) if regs else None,
             "spill_bytes": int(spills.group(1)) if spills else 0,
-            "instructions": sum(ops.values()), "mix": dict(ops.most_common())}
+            "instructions": sum(ops.values()), "mix": dict(ops.most_common()),
+            "loop_instructions": len(loop),
+            "loop_per_weight": round(len(loop) / _weights_per_lane(args), 2) if loop else None,
+            "loop_mix": dict(collections.Counter(loop).most_common())}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -260,6 +293,10 @@ def main() -> int:
           f"{res['registers']} registers, {res['spill_bytes']} bytes spilled, "
           f"{res['instructions']} instructions")
     print("  " + ", ".join(f"{k} {v}" for k, v in list(res["mix"].items())[:16]))
+    if res["loop_instructions"]:
+        print(f"  main loop: {res['loop_instructions']} instructions, {res['loop_per_weight']} per "
+              f"{'K/V element' if args.qtype == 'ATTN' else 'weight'} per thread: "
+              + ", ".join(f"{k} {v}" for k, v in list(res["loop_mix"].items())[:12]))
     return 0
 
 

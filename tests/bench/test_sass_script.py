@@ -29,6 +29,14 @@ def test_packed_gemv_mix_shows_the_field_pairing():
         assert res["instructions"] == sum(res["mix"].values())
     # fields decoded two per shift: fewer shifts than one field at a time (docs/PERF.md run 5)
     assert paired["mix"]["SHF"] < single["mix"]["SHF"]
+    # the streaming loop found in the SASS: its loads and FMAs, and per weight fewer
+    # instructions paired (2 rows x 32 weights a thread and iteration)
+    for res in (paired, single):
+        loop = res["loop_mix"]
+        assert 0 < res["loop_instructions"] == sum(loop.values()) < res["instructions"]
+        assert loop["LDG"] > 0 and loop["FFMA"] >= 64
+        assert res["loop_per_weight"] == round(res["loop_instructions"] / 64, 2)
+    assert paired["loop_per_weight"] < single["loop_per_weight"]
 
 
 def test_dense_gemv_split_norm_variants():
