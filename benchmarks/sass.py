@@ -258,8 +258,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tokens", type=int, default=1, help="packed: BLOCK_T, tokens per program (decode batch)")
     ap.add_argument("--cvt", action="store_true",
                     help="packed Q8_0/Q5_K/Q6_K: fields converted from their bytes (CVT)")
-    ap.add_argument("--pairs", type=int, choices=[0, 1, 2], default=None,
-                    help="packed: PAIRS (default 2 for Q4_K, else 1)")
+    ap.add_argument("--pairs", type=int, choices=[0, 1, 2, 3], default=None,
+                    help="packed: PAIRS (default 2 for Q4_K, else 1; 3: Q4_K in packed fp16)")
     ap.add_argument("--pdl", action="store_true", help="compile the PDL variant")
     ap.add_argument("--one-imm", action="store_true",
                     help="packed: 1.0f's bits as an immediate (ONE_IMM, the ROCm default)")

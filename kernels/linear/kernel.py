@@ -818,11 +818,50 @@ def _pq_hi(qh_ptr, n3, sh, kw, v3, w3, words, QT: tl.constexpr, mask3=None):
 
 
 @triton.jit
-def _pq_x(x_ptr, p, xm, KX, SILU: tl.constexpr):
-    """Activations for the packed GEMV as fp32; SILU: silu(x[k]) * x[KX + k] (_load_silu_mul)."""
+def _pq_x16(x_ptr, p, xm, KX, SILU: tl.constexpr):
+    """Activations for the packed GEMV in x's dtype; SILU: silu(x[k]) * x[KX + k]
+    (_load_silu_mul)."""
     if SILU:
-        return _load_silu_mul(x_ptr, p, xm, KX).to(tl.float32)
-    return tl.load(p, mask=xm, other=0.0).to(tl.float32)
+        return _load_silu_mul(x_ptr, p, xm, KX)
+    return tl.load(p, mask=xm, other=0.0)
+
+
+@triton.jit
+def _pq_x(x_ptr, p, xm, KX, SILU: tl.constexpr):
+    """_pq_x16 as fp32."""
+    return _pq_x16(x_ptr, p, xm, KX, SILU).to(tl.float32)
+
+
+@triton.jit
+def _half2(v):
+    """int32 -> its two halves as fp16 (low, high) on a new last axis of 2: the pair stays in
+    the one 32-bit register, so fp16 math on it issues as packed (HFMA2, v_pk_fma_f16)."""
+    return tl.join(v.to(tl.int16), (v >> 16).to(tl.int16)).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _row_pair_words(words, H: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Words [H, BN, 4] of BN rows -> (lo, hi) [H, BN / 2, 4]: for rows 2i and 2i + 1, lo holds
+    both rows' fields 0-3 (row 2i's in its low half) and hi their fields 4-7."""
+    a, b = tl.split(tl.permute(tl.reshape(words, [H, BLOCK_N // 2, 2, 4]), [0, 1, 3, 2]))
+    lo = (a & 0xFFFF) | (b << 16)
+    hi = ((a >> 16) & 0xFFFF) | (b & -65536)
+    return lo, hi
+
+
+@triton.jit
+def _centred_nibbles(pw, J: tl.constexpr, magic):
+    """Field J of both halves of row-paired words (_row_pair_words) as fp16 pairs q / 16 - 0.5
+    (exact): fields 0 and 1 sit at bits 0-3 and 4-7 of each half, 2 and 3 there after one shift
+    of 8 (shared, CSE); an and-or puts 1024's exponent over them (magic = 0x64006400 at run
+    time: one LOP3), giving 1024 + q or 1024 + 16 q, and one packed FMA scales and centres."""
+    if J >= 2:
+        pw = pw >> 8
+    if J % 2 == 0:
+        f = _half2((pw & 0x000F000F) | magic)
+        return f * 0.0625 - 64.5
+    f = _half2((pw & 0x00F000F0) | magic)
+    return f * 0.00390625 - 4.5
 
 
 @triton.jit
@@ -864,13 +903,38 @@ def _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w
         words, hi = _q5_bytes(words, hi, w3)
     if QT == 4:
         words, hi = _q6_bytes(words, hi, w3)
-    if QT == 2 and PAIRS == 2:
+    if QT == 2 and PAIRS >= 2:
         DS, DM = _q4k_values(ra, rb)
     else:
         A, B = _pq_scale_values(ra, rb, QT, CVT)
     if QT == 4:
         A1, B1 = _pq_scale_values(ra1, rb, QT, CVT)
-    if QT == 2 and PAIRS == 2:
+    if QT == 2 and PAIRS == 3:
+        # Q4_K on fp16 activations in packed fp16: two rows' words regrouped so one int32
+        # holds the same 4 fields of both (_row_pair_words), each field then an fp16 pair
+        # (row 2i, row 2i + 1) meeting one activation (the pair LLVM's vectorizer forms: one
+        # register, no byte permutes): per 2 weights a LOP3, a centring FMA and the product's
+        # HFMA2, a shift per 8 (sm_90: 3.2 instructions a weight in the loop against 3.8).
+        # Centred (|q / 16 - 0.5| <= 0.5, 8 products a lane) the fp16 sums stay near fp16
+        # rounding (relative error 2.5-4.7e-4 in the tests; uncentred 1 + q / 16 summed to
+        # 1.4-2.7e-3); each row's sum goes to fp32 once a vector.
+        # 0x64006400 (fp16 1024 in both halves) from the run-time `one` (0x3F800000): a
+        # register, so each field's mask and it fit one LOP3 (two immediates would not)
+        magic = one ^ 0x5B806400
+        lo, hi = _row_pair_words(words, H, BLOCK_N)
+        ph = tl.zeros([H, BLOCK_T, BLOCK_N // 2, 4, 2], tl.float16)
+        X = tl.zeros([H, BLOCK_T, 1], tl.float32)
+        for j in tl.static_range(4):
+            xa = _pq_x16(x_ptr, xrow + k0 + xoff + 4 * j, xm, KX, SILU)          # 4j + w
+            xb = _pq_x16(x_ptr, xrow + k0 + xoff + 4 * j + 16, xm, KX, SILU)     # 16 + 4j + w
+            X += tl.sum(xa.to(tl.float32), 3) + tl.sum(xb.to(tl.float32), 3)
+            ph += _centred_nibbles(lo, j, magic)[:, None] * xa[:, :, :, :, None]
+            ph += _centred_nibbles(hi, j, magic)[:, None] * xb[:, :, :, :, None]
+        w0, w1, w2, w3 = _split4(tl.permute(ph, [0, 1, 2, 4, 3]))
+        ps = tl.reshape(((w0 + w1) + (w2 + w3)).to(tl.float32), [H, BLOCK_T, BLOCK_N])
+        # sum(q / 16 x) = ps + X / 2; DS = 16 d sc
+        acc += DS[:, None] * (ps + 0.5 * X) - DM[:, None] * X
+    elif QT == 2 and PAIRS == 2:
         # Q4_K, fields two at a time as below, with the scales folded: the f = 1 parts of
         # the sums (16 x for even fields, x for odd: M) and sum(x) (X) are per thread, shared
         # by all rows, so each row's vector costs a subtract and two FMAs (_q4k_values).
@@ -1041,7 +1105,8 @@ def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr,
     PREFETCH: the next iteration's words, high bits and scales are loaded before this one is
     decoded (EVEN only; ptxas places those loads late in the body, so it pays only in some
     configs: _pq_cuda_decode). PAIRS: 4-bit fields two per shift (1), and for Q4_K with the
-    scales folded (2); 0: one at a time.
+    scales folded (2), or in packed fp16 with rows in pairs (3: fp16 x, BLOCK_N even;
+    _pq_pairs); 0: one at a time.
     WSPLIT (always for Q6_K and Q4_K's PAIRS = 2): the 4 words of each vector and their
     activations are split into separate tensors, so each row keeps one accumulator per vector
     instead of one per word: no reduction over the words, and fewer registers (sm_90: Q4_K 8
@@ -1437,7 +1502,8 @@ def _pq_cuda_decode(qtype, N, K, sms):
     - Q8_0: 4 rows, unsplit; from N = 16384 2 warps with PREFETCH (24576: 28.5 us against
       30.3), else warps so that the grid holds about 24 warps per SM (N = 12288: 1, N = 4096:
       4, with PREFETCH).
-    PREFETCH applies where a program makes at least 4 iterations (packed_matmul)."""
+    PREFETCH applies where a program makes at least 4 iterations (packed_matmul). With fp16
+    activations packed_matmul runs Q4_K's fields in packed fp16 instead (PAIRS = 3, _pq_pairs)."""
     if qtype in ("Q4_K", "Q4_0"):
         pairs = 2 if qtype == "Q4_K" and not (N < 8192 and K >= 12288) else 1
         if qtype == "Q4_K" and 12288 <= N < 16384:
@@ -1479,6 +1545,7 @@ def packed_matmul(x, pw, *, silu=False, glu=False, add_norm=None, rms_of=None, *
     if gemv:
         c = _pq_gemv_config(T, N, K, qt, x.device)
         c.update(cfg)
+        c["PAIRS"] = _pq_pairs(x, qt, c, "PAIRS" in cfg)
         BN, warps, split = c["BLOCK_N"], c["num_warps"], c["SPLIT"]
         H = c.get("H") or warp_size(x.device) * warps
         KW = K // E
@@ -1528,6 +1595,23 @@ def packed_matmul(x, pw, *, silu=False, glu=False, add_norm=None, rms_of=None, *
     if T > 16 and x.device.type == "cuda" and x.dtype != torch.float32 and not cfg:
         return _pq_dequant_matmul(x, pw, out)
     return _pq_gemm(x, pw, out, **cfg)
+
+
+def _pq_pairs(x, qtype, c, forced: bool) -> int:
+    """The PAIRS a packed GEMV runs with: its config's, or 3 (Q4_K in packed fp16) for Q4_K
+    decode with fp16 activations off ROCm, one token a program and rows in pairs. H200
+    (docs/PERF.md E23; graph-replayed, weights from HBM): 24576x4096 with the SwiGLU 21.9 ->
+    19.1 us, 12288x4096 13.8 -> 11.3, 4096x12288 13.1 -> 11.7, 4096x4096 6.5 -> 6.1; the 9B
+    Q4_K_M decode 449 -> 453 tok/s. Not in linear_pair's launch (its own configs: 449 -> 445
+    there) nor on ROCm (gfx908 code: 3.44 VALU a weight against 3.61 but 138 VGPRs against
+    126; unmeasured on a gfx906). A PAIRS of 3 asked for where it does not
+    apply (fp32 x, odd BLOCK_N) runs as 2."""
+    fits = qtype == "Q4_K" and x.dtype == torch.float16 and c["BLOCK_N"] % 2 == 0
+    if c["PAIRS"] == 3 and not fits:
+        return 2
+    if not forced and fits and c["BLOCK_T"] == 1 and not is_rocm():
+        return 3
+    return c["PAIRS"]
 
 
 def _add_norm_regs(device, add_norm, QT, pairs) -> dict:
