@@ -136,11 +136,14 @@ def _main_loop(asm: str) -> list[str]:
     return best
 
 
+# an instruction line of nvdisasm -c: its address, a predicate, the opcode (suffixes after ".")
+SASS_OP = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]+)")
+
+
 def sass_main_loop(sass: str) -> list[str]:
     """The opcodes of the longest backward branch's body that loads from global memory (sm_90
     SASS from nvdisasm -c): a GEMV's streaming loop; a peeled first iteration (PRELOAD) and the
     epilogue are outside it."""
-    addr_re = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]+)")
     labels, insts, best = {}, [], []
     pending = []
     for line in sass.splitlines():
@@ -148,13 +151,13 @@ def sass_main_loop(sass: str) -> list[str]:
         if m:
             pending.append(m.group(1))
             continue
-        m = addr_re.search(line)
+        m = SASS_OP.search(line)
         if not m:
             continue
         for lab in pending:
             labels[lab] = len(insts)
         pending = []
-        insts.append(m.group(2))
+        insts.append(m.group(1))
         b = re.search(r"\bBRA\s+`?\(?(\.L_x_\d+)", line)
         if b and labels.get(b.group(1), len(insts)) < len(insts) - 1:
             body = insts[labels[b.group(1)]:]
@@ -226,9 +229,9 @@ def analyse(args) -> dict:
     spills = re.search(r"(\d+) bytes spill stores", info)
     ops = collections.Counter()
     for line in sass.splitlines():
-        m = re.search(r"/\*[0-9a-f]{4}\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]+)", line)
+        m = SASS_OP.search(line)
         if m:
-            ops[m.group(2).split(".")[0]] += 1
+            ops[m.group(1)] += 1
     loop = sass_main_loop(sass)
     return {"kernel": fn.__name__, "qtype": args.qtype, "rows": args.rows, "warps": args.warps,
             "registers": int(regs.group(1)) if regs else None,
