@@ -789,13 +789,17 @@ def _pq_scales(a_ptr, b_ptr, n2, sa, sb, k0, v2, QT: tl.constexpr, HALF: tl.cons
 
 
 @triton.jit
-def _q4k_values(dm, scm):
+def _q4k_values(dm, scm, QT: tl.constexpr = 2):
     """Q4_K (DS, DM) fp32 [H, BN]: dot(w, x) over a vector = DS * (sum(f x) - sum(x)) -
-    DM * sum(x) with f = 1 + q / 16: DS = 16 d sc, DM = dmin m."""
+    DM * sum(x) with f = 1 + q / 16: DS = 16 d sc, DM = dmin m. Q5_K (QT 3): DS = 32 d sc
+    (f = 1 + q / 32)."""
     d, dmin = _d_dmin(dm)
     scm = scm.to(tl.int32)
-    # 16 sc: under 2^27's exponent the mantissa's last bit is worth 16
-    sc16 = ((scm & 255) | 0x4D000000).to(tl.float32, bitcast=True) - 134217728.0
+    # 16 sc: under 2^27's exponent the mantissa's last bit is worth 16 (2^28: 32)
+    if QT == 3:
+        sc16 = ((scm & 255) | 0x4D800000).to(tl.float32, bitcast=True) - 268435456.0
+    else:
+        sc16 = ((scm & 255) | 0x4D000000).to(tl.float32, bitcast=True) - 134217728.0
     m = _small_int_f32((scm >> 8) & 255)
     return d * sc16, dmin * m
 
@@ -850,6 +854,13 @@ def _row_pair_words(words, H: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _row_pair_sums(ph, H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
+    """fp16 products [H, BT, BN / 2, 4 words, 2 rows] -> each row's sum in fp32 [H, BT, BN]."""
+    w0, w1, w2, w3 = _split4(tl.permute(ph, [0, 1, 2, 4, 3]))
+    return tl.reshape(((w0 + w1) + (w2 + w3)).to(tl.float32), [H, BLOCK_T, BLOCK_N])
+
+
+@triton.jit
 def _centred_nibbles(pw, J: tl.constexpr, magic):
     """Field J of both halves of row-paired words (_row_pair_words) as fp16 pairs q / 16 - 0.5
     (exact): fields 0 and 1 sit at bits 0-3 and 4-7 of each half, 2 and 3 there after one shift
@@ -862,6 +873,15 @@ def _centred_nibbles(pw, J: tl.constexpr, magic):
         return f * 0.0625 - 64.5
     f = _half2((pw & 0x00F000F0) | magic)
     return f * 0.00390625 - 4.5
+
+
+@triton.jit
+def _centred_fives(pb, B: tl.constexpr, magic):
+    """Byte B (0 or 1) of both halves of row-paired Q5_K bytes (_q5_bytes, then
+    _row_pair_words) as fp16 pairs q / 32 - 0.5 (exact): 1024 + q under the magic, one FMA."""
+    if B == 1:
+        pb = pb >> 8
+    return _half2((pb & 0x001F001F) | magic) * 0.03125 - 32.5
 
 
 @triton.jit
@@ -903,8 +923,8 @@ def _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w
         words, hi = _q5_bytes(words, hi, w3)
     if QT == 4:
         words, hi = _q6_bytes(words, hi, w3)
-    if QT == 2 and PAIRS >= 2:
-        DS, DM = _q4k_values(ra, rb)
+    if (QT == 2 and PAIRS >= 2) or (QT == 3 and PAIRS == 3):
+        DS, DM = _q4k_values(ra, rb, QT)
     else:
         A, B = _pq_scale_values(ra, rb, QT, CVT)
     if QT == 4:
@@ -930,10 +950,33 @@ def _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w
             X += tl.sum(xa.to(tl.float32), 3) + tl.sum(xb.to(tl.float32), 3)
             ph += _centred_nibbles(lo, j, magic)[:, None] * xa[:, :, :, :, None]
             ph += _centred_nibbles(hi, j, magic)[:, None] * xb[:, :, :, :, None]
-        w0, w1, w2, w3 = _split4(tl.permute(ph, [0, 1, 2, 4, 3]))
-        ps = tl.reshape(((w0 + w1) + (w2 + w3)).to(tl.float32), [H, BLOCK_T, BLOCK_N])
         # sum(q / 16 x) = ps + X / 2; DS = 16 d sc
-        acc += DS[:, None] * (ps + 0.5 * X) - DM[:, None] * X
+        acc += DS[:, None] * (_row_pair_sums(ph, H, BLOCK_T, BLOCK_N) + 0.5 * X) - DM[:, None] * X
+    elif QT == 3 and PAIRS == 3:
+        # Q5_K as Q4_K's PAIRS = 3: the 5-bit bytes of the even / odd fields of each word
+        # (_q5_bytes) regrouped by row pairs, so a half holds fields 4i + {0, 2} (even) or
+        # 4i + {1, 3} (odd) of one row in bytes 0 and 1; each field an exact centred fp16
+        # pair q / 32 - 1/2 (_centred_fives) into an HFMA2 (sm_90, 8 rows: 4.4 instructions
+        # a weight in the loop against 5.1 with fp32 fields)
+        magic = one ^ 0x5B806400
+        e_lo, e_hi = _row_pair_words(words, H, BLOCK_N)
+        o_lo, o_hi = _row_pair_words(hi, H, BLOCK_N)
+        ph = tl.zeros([H, BLOCK_T, BLOCK_N // 2, 4, 2], tl.float16)
+        X = tl.zeros([H, BLOCK_T, 1], tl.float32)
+        for F in tl.static_range(8):
+            if F % 2 == 0:
+                src = e_lo
+                if F >= 4:
+                    src = e_hi
+            else:
+                src = o_lo
+                if F >= 4:
+                    src = o_hi
+            xf = _pq_x16(x_ptr, xrow + k0 + xoff + 4 * F, xm, KX, SILU)       # 4F + w
+            X += tl.sum(xf.to(tl.float32), 3)
+            ph += _centred_fives(src, (F % 4) // 2, magic)[:, None] * xf[:, :, :, :, None]
+        # sum(q / 32 x) = ps + X / 2; DS = 32 d sc
+        acc += DS[:, None] * (_row_pair_sums(ph, H, BLOCK_T, BLOCK_N) + 0.5 * X) - DM[:, None] * X
     elif QT == 2 and PAIRS == 2:
         # Q4_K, fields two at a time as below, with the scales folded: the f = 1 parts of
         # the sums (16 x for even fields, x for odd: M) and sum(x) (X) are per thread, shared
@@ -1105,8 +1148,8 @@ def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr,
     PREFETCH: the next iteration's words, high bits and scales are loaded before this one is
     decoded (EVEN only; ptxas places those loads late in the body, so it pays only in some
     configs: _pq_cuda_decode). PAIRS: 4-bit fields two per shift (1), and for Q4_K with the
-    scales folded (2), or in packed fp16 with rows in pairs (3: fp16 x, BLOCK_N even;
-    _pq_pairs); 0: one at a time.
+    scales folded (2), or Q4_K / Q5_K in packed fp16 with rows in pairs (3: fp16 x, BLOCK_N
+    even; _pq_pairs); 0: one at a time.
     WSPLIT (always for Q6_K and Q4_K's PAIRS = 2): the 4 words of each vector and their
     activations are split into separate tensors, so each row keeps one accumulator per vector
     instead of one per word: no reduction over the words, and fewer registers (sm_90: Q4_K 8
@@ -1493,7 +1536,9 @@ def _pq_cuda_decode(qtype, N, K, sms):
       warp), 4 below 8192 and at N = 12288 (under PDL 11.7 us against 15.4 with the 1 warp and
       PREFETCH swept without it); Q4_K folds its scales and splits its words (PAIRS = 2), but
       not in the down projections (N < 8192, K >= 12288: under PDL 11.1 us against 12.7);
-    - Q5_K: 4 rows, 1 warp, split words (8192: 11.2 us against 12.2 at 8 rows unsplit);
+    - Q5_K: 8 rows, 2 warps, split words (fp16 activations: in packed fp16, PAIRS = 3; the
+      9B Q4_K_M decode with its 8192-row qkv 452.6 -> 461.3 tok/s against the 4 rows and 1
+      warp of fp32 fields, 460.3 at 8 rows and 1 warp, 452.8 at 4 warps; E24);
     - Q6_K: 4 rows, split words from N = 2048 (4096 x 12288 18.3 us against 18.9, 12288 x 4096
       17.8 against 19.0); 1 warp from N = 16384 (the LM head 248320: 259-271 us against 275
       with PREFETCH unsplit), 2 with PREFETCH between; 4 warps at N <= 1024 (4.3 us, where
@@ -1503,14 +1548,15 @@ def _pq_cuda_decode(qtype, N, K, sms):
       30.3), else warps so that the grid holds about 24 warps per SM (N = 12288: 1, N = 4096:
       4, with PREFETCH).
     PREFETCH applies where a program makes at least 4 iterations (packed_matmul). With fp16
-    activations packed_matmul runs Q4_K's fields in packed fp16 instead (PAIRS = 3, _pq_pairs)."""
+    activations packed_matmul runs Q4_K's and Q5_K's fields in packed fp16 instead (PAIRS = 3,
+    _pq_pairs)."""
     if qtype in ("Q4_K", "Q4_0"):
         pairs = 2 if qtype == "Q4_K" and not (N < 8192 and K >= 12288) else 1
         if qtype == "Q4_K" and 12288 <= N < 16384:
             return 8, 4, False, pairs, False
         return 8, (2 if N >= 8192 else 4), False, pairs, False
     if qtype == "Q5_K":
-        return 4, 1, False, 1, True
+        return 8, 2, False, 1, True
     if qtype == "Q6_K":
         if N >= 16384:
             return 4, 1, False, 1, True
@@ -1598,17 +1644,18 @@ def packed_matmul(x, pw, *, silu=False, glu=False, add_norm=None, rms_of=None, *
 
 
 def _pq_pairs(x, qtype, c, forced: bool) -> int:
-    """The PAIRS a packed GEMV runs with: its config's, or 3 (Q4_K in packed fp16) for Q4_K
-    decode with fp16 activations off ROCm, one token a program and rows in pairs. H200
-    (docs/PERF.md E23; graph-replayed, weights from HBM): 24576x4096 with the SwiGLU 21.9 ->
-    19.1 us, 12288x4096 13.8 -> 11.3, 4096x12288 13.1 -> 11.7, 4096x4096 6.5 -> 6.1; the 9B
-    Q4_K_M decode 449 -> 453 tok/s. Not in linear_pair's launch (its own configs: 449 -> 445
-    there) nor on ROCm (gfx908 code: 3.44 VALU a weight against 3.61 but 138 VGPRs against
-    126; unmeasured on a gfx906). A PAIRS of 3 asked for where it does not
-    apply (fp32 x, odd BLOCK_N) runs as 2."""
-    fits = qtype == "Q4_K" and x.dtype == torch.float16 and c["BLOCK_N"] % 2 == 0
+    """The PAIRS a packed GEMV runs with: its config's, or 3 (fields in packed fp16) for Q4_K
+    and Q5_K decode with fp16 activations off ROCm, one token a program and rows in pairs.
+    H200 (docs/PERF.md E23; graph-replayed, weights from HBM): 24576x4096 with the SwiGLU 21.9
+    -> 19.1 us, 12288x4096 13.8 -> 11.3, 4096x12288 13.1 -> 11.7, 4096x4096 6.5 -> 6.1; the 9B
+    Q4_K_M decode 449 -> 453 tok/s, and 452.6 -> 461.3 with its Q5_K qkv too (E24). Q4_K not
+    in linear_pair's launch (449 -> 445 there; its Q5_K segment yes), nor on ROCm (gfx908
+    code: 3.44 VALU a weight against 3.61 but 138 VGPRs against 126; unmeasured on a gfx906).
+    A PAIRS of 3 asked for where it does not apply (fp32 x, odd BLOCK_N) runs the fp32 fields
+    (Q4_K 2, Q5_K 1)."""
+    fits = (qtype in ("Q4_K", "Q5_K") and x.dtype == torch.float16 and c["BLOCK_N"] % 2 == 0)
     if c["PAIRS"] == 3 and not fits:
-        return 2
+        return 2 if qtype == "Q4_K" else 1
     if not forced and fits and c["BLOCK_T"] == 1 and not is_rocm():
         return 3
     return c["PAIRS"]
@@ -1658,6 +1705,8 @@ def _pq_pair_configs(x, pws):
         c["EVEN"], c["PREFETCH"], c["PRELOAD"] = _pq_loop_flags(KW, KW, H, c["PREFETCH"],
                                                                 c["PRELOAD"] and pdl)
         c["num_warps"] = warps
+        # Q5_K in packed fp16 here too; Q4_K's segment keeps its fields in fp32 (_pq_pairs)
+        c["PAIRS"] = _pq_pairs(x, w.qtype, c, w.qtype != "Q5_K")
     return cs
 
 

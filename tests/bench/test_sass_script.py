@@ -83,3 +83,15 @@ def test_q4k_fields_in_packed_fp16():
     assert fp16["loop_mix"]["HFMA2"] >= 2 * 128            # 256 weights a thread: products + centring
     assert fp16["loop_mix"].get("PRMT", 0) <= 16 and fp16["loop_mix"].get("FFMA", 0) <= 32
     assert fp16["loop_per_weight"] <= fp32["loop_per_weight"] - 0.4
+
+
+def test_q5k_fields_in_packed_fp16():
+    """Q5_K with fp16 activations (PAIRS = 3): the 5-bit bytes of two rows in one register, an
+    HFMA2 a product, fewer loop instructions a weight than its fp32 fields at the same rows
+    (4.4 against 5.1 at 8; docs/PERF.md E24)."""
+    base = ("--qtype", "Q5_K", "--rows", "8", "--warps", "2")
+    fp32, fp16 = _run(*base, "--wsplit"), _run(*base, "--pairs", "3")
+    assert fp16["spill_bytes"] == 0
+    assert fp16["loop_mix"]["HFMA2"] >= 2 * 128            # 256 weights a thread: products + centring
+    assert fp16["loop_mix"].get("PRMT", 0) <= 16 and fp16["loop_mix"].get("FFMA", 0) <= 32
+    assert fp16["loop_per_weight"] <= fp32["loop_per_weight"] - 0.4

@@ -302,8 +302,11 @@ def test_linear_pair_one_launch(types, K, T):
     ws = [qweight(n, K, qt, 40 + i) for i, (qt, n) in enumerate(zip(types, (13, 6)))]
     pws = [repack.pack(w.data, w.qtype, w.shape) for w in ws]
     x = randn(T, K, dtype=torch.float16, gen=torch.Generator().manual_seed(8))
-    paired = kernel._pq_pair_configs(x, pws) is not None
+    cs = kernel._pq_pair_configs(x, pws)
+    paired = cs is not None
     assert paired == (DEVICE == "cpu" or T == 1)        # CUDA fp16 from 2 tokens: tensor cores
+    if types == ("Q5_K", "Q4_K") and T == 1:            # the Q5_K segment in packed fp16 only
+        assert [c["PAIRS"] for c in cs] == [3, 2]
     got = registry.call_triton("linear_pair", x, *pws)
     if paired:                                            # views of one [T, 13 + 6] output
         assert got[0].data_ptr() + 13 * got[0].element_size() == got[1].data_ptr()
@@ -340,36 +343,43 @@ def test_linear_glu(qtype, T, cfg):
         assert_close(engine_ref.linear_glu(x, w), ref)
 
 
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K"])
 @pytest.mark.parametrize("K", [768, 1024])                   # a masked tail; whole iterations
 @pytest.mark.parametrize("T,cfg", [(1, {}), (1, dict(H=8, BLOCK_N=2)),
                                    (1, dict(H=8, BLOCK_N=8, PRELOAD=True)),
                                    (1, dict(H=4, BLOCK_N=4, SPLIT=3)),
                                    (3, dict(H=8, BLOCK_N=4, BLOCK_T=2))])   # token blocks
-def test_packed_q4k_fp16_pairs(K, T, cfg):
-    """Q4_K with fp16 activations in packed fp16, rows in pairs (PAIRS = 3, the default for one
-    token): within fp16's bound of the reference with 19 rows (a lone last row), and with the
-    SwiGLU epilogue and the silu-mul on load; fp32 activations and odd row blocks run PAIRS = 2."""
+def test_packed_k_quant_fp16_pairs(qtype, K, T, cfg):
+    """Q4_K / Q5_K with fp16 activations in packed fp16, rows in pairs (PAIRS = 3, their
+    default for one token): within fp16's bound of the reference with 19 rows (a lone last
+    row), and with the SwiGLU epilogue and the silu-mul on load; fp32 activations and odd row
+    blocks run the fp32 fields (Q4_K PAIRS = 2, Q5_K 1)."""
     from g906.kernels.linear import kernel
 
     g = torch.Generator().manual_seed(70)
     N = 19
-    w = qweight(N, K, "Q4_K", 71)
-    p = repack.pack(w.data, "Q4_K", w.shape)
+    w = qweight(N, K, qtype, 71)
+    p = repack.pack(w.data, qtype, w.shape)
     x = randn(T, K, dtype=torch.float16, gen=g)
     if not cfg:
-        c = kernel._pq_gemv_config(1, N, K, "Q4_K", x.device)
-        assert kernel._pq_pairs(x, "Q4_K", c, False) == (2 if kernel.is_rocm() else 3)
-        assert kernel._pq_pairs(x.float(), "Q4_K", c, False) == c["PAIRS"] == 2
-        assert kernel._pq_pairs(x, "Q4_K", dict(c, PAIRS=3, BLOCK_N=1), True) == 2
+        c = kernel._pq_gemv_config(1, N, K, qtype, x.device)
+        fp32_fields = 2 if qtype == "Q4_K" else 1
+        default = 3 if qtype in PAIRS3_DEFAULT and not kernel.is_rocm() else fp32_fields
+        assert kernel._pq_pairs(x, qtype, c, False) == default
+        assert kernel._pq_pairs(x.float(), qtype, c, False) == c["PAIRS"] == fp32_fields
+        assert kernel._pq_pairs(x, qtype, dict(c, PAIRS=3, BLOCK_N=1), True) == fp32_fields
     assert_close(kernel.packed_matmul(x, p, PAIRS=3, **cfg), registry.call_reference("linear", x, w))
     xx = randn(T, 2 * K, dtype=torch.float16, gen=g)              # [gate | up] of the down projection
     ref = registry.call_reference("linear", registry.call_reference("silu_and_mul", xx), w)
     assert_close(kernel.packed_matmul(xx, p, silu=True, PAIRS=3, **cfg), ref)
     if "SPLIT" not in cfg and cfg.get("BLOCK_N", 8) % 4 == 0:     # gate/up pairs of rows
-        wg = qweight(2 * 9, K, "Q4_K", 72)
-        pg = repack.pack(wg.data, "Q4_K", wg.shape)
+        wg = qweight(2 * 9, K, qtype, 72)
+        pg = repack.pack(wg.data, qtype, wg.shape)
         assert_close(kernel.packed_matmul(x, pg, glu=True, PAIRS=3, **cfg),
                      registry.call_reference("linear_glu", x, wg))
+
+
+PAIRS3_DEFAULT = ("Q4_K", "Q5_K")   # types whose one-token GEMVs run PAIRS = 3 by default
 
 
 @gpu
