@@ -183,6 +183,35 @@ def _l2_bytes():
                        "L2_cache_size", 64 << 20))
 
 
+def linq_extra(qt, base: dict) -> list[dict]:
+    """Configs a T = 1 linear-quant sweep runs besides its grid: the base config with the
+    other field decodes named explicitly (4-bit fields singly 0, paired 1, paired with
+    Q4_K's folded scales 2; Q4_K / Q5_K's fp32 fields beside the packed fp16 that _pq_pairs
+    picks for the grid), and the words of a vector split or not (Q6_K and Q4_K's PAIRS = 2
+    always split)."""
+    extra = ([dict(base, PAIRS=p) for p in (0, 1, 2)] if qt == "Q4_K" else
+             [dict(base, PAIRS=0)] if qt == "Q4_0" else
+             [dict(base, PAIRS=1)] if qt == "Q5_K" else [])
+    if qt in ("Q8_0", "Q4_0", "Q5_K"):
+        extra.append(dict(base, PAIRS=1, WSPLIT=not base["WSPLIT"]) if qt == "Q5_K"
+                     else dict(base, WSPLIT=not base["WSPLIT"]))
+    if torch.version.hip:   # the gfx9 code choices (docs/PERF.md "gfx9 code")
+        extra += [dict(base, ONE_IMM=False, CVT=False), dict(base, CVT=False)]
+    return extra
+
+
+def _run_pairs(x, qt, base: dict, cfg: dict) -> int:
+    """The PAIRS a packed GEMV with `cfg` over `base` runs (linear.kernel._pq_pairs)."""
+    return linear_kernel._pq_pairs(x, qt, dict(base, **cfg), "PAIRS" in cfg)
+
+
+def sweep_label(cfg: dict, pairs: int | None) -> str:
+    """A sweep entry's values joined by '/', and '/p3' where the kernel ran its fields in
+    packed fp16 without the entry naming PAIRS (the grid's Q4_K / Q5_K entries)."""
+    label = "/".join(str(v) for v in cfg.values())
+    return f"{label}/p3" if pairs == 3 and "PAIRS" not in cfg else label
+
+
 def bench_linear_quant(quick):
     """Dequant-GEMV on GGUF blocks (old kernel) vs on the load-time repacked planes (new,
     kernels/linear/repack.py), 9B decode shapes, T = 1 and 8. Each timing cycles through enough
@@ -230,21 +259,12 @@ def bench_linear_quant(quick):
 
                 ms_old = bench_graph(old, rep=50) / ncopy
                 ms_new = run_new({})
-                cfg_note = (f"default {linear_kernel._pq_gemv_config(T, N, K, qt, x.device)}"
+                base = linear_kernel._pq_gemv_config(T, N, K, qt, x.device)
+                cfg_note = (f"default {dict(base, PAIRS=_run_pairs(x, qt, base, {}))}"
                             if T == 1 or torch.version.hip else "default (dot path)")
                 if not quick and (T == 1 or (N, K) == shapes[0]):
                     res = []
-                    base = linear_kernel._pq_gemv_config(T, N, K, qt, x.device)
-                    # 4-bit fields singly (0), paired (1), paired with folded Q4_K scales (2);
-                    # the words of a vector split or not (Q6_K and Q4_K's PAIRS = 2 always split)
-                    extra = ([dict(base, PAIRS=p) for p in (0, 1, 2) if p != base.get("PAIRS")]
-                             if qt == "Q4_K" else
-                             [dict(base, PAIRS=0)] if qt == "Q4_0" else [])
-                    if qt in ("Q8_0", "Q4_0", "Q5_K"):
-                        extra.append(dict(base, WSPLIT=not base["WSPLIT"]))
-                    if torch.version.hip:   # the gfx9 code choices (docs/PERF.md "gfx9 code")
-                        extra += [dict(base, ONE_IMM=False, CVT=False), dict(base, CVT=False)]
-                    for cfg in (sweep + extra if T == 1 else sweep_dot):
+                    for cfg in (sweep + linq_extra(qt, base) if T == 1 else sweep_dot):
                         try:
                             res.append((run_new(cfg), cfg))
                         except Exception as e:  # a config may not compile on every target
@@ -253,8 +273,8 @@ def bench_linear_quant(quick):
                     if res:
                         cfg_note += f"; sweep best {res[0][1]} {res[0][0] * 1e3:.1f} us"
                         cfg_note += " (" + ", ".join(
-                            "/".join(str(v) for v in c.values()) + f" {t * 1e3:.1f}"
-                            for t, c in res) + ")"
+                            sweep_label(c, _run_pairs(x, qt, base, c) if T == 1 else None)
+                            + f" {t * 1e3:.1f}" for t, c in res) + ")"
                 gb_old = nbytes / (ms_old * 1e-3) / 1e9
                 gb_new = nbytes / (ms_new * 1e-3) / 1e9
                 name = f"9B {qt} {N}x{K} T={T}"
