@@ -1536,9 +1536,12 @@ def _pq_cuda_decode(qtype, N, K, sms):
       warp), 4 below 8192 and at N = 12288 (under PDL 11.7 us against 15.4 with the 1 warp and
       PREFETCH swept without it); Q4_K folds its scales and splits its words (PAIRS = 2), but
       not in the down projections (N < 8192, K >= 12288: under PDL 11.1 us against 12.7);
-    - Q5_K: 8 rows, 2 warps, split words (fp16 activations: in packed fp16, PAIRS = 3; the
-      9B Q4_K_M decode with its 8192-row qkv 452.6 -> 461.3 tok/s against the 4 rows and 1
-      warp of fp32 fields, 460.3 at 8 rows and 1 warp, 452.8 at 4 warps; E24);
+    - Q5_K: from N = 8192 8 rows, 2 warps, split words (fp16 activations: in packed fp16,
+      PAIRS = 3; the 9B Q4_K_M decode with its 8192-row qkv 452.6 -> 461.3 tok/s against the
+      4 rows and 1 warp of fp32 fields, 460.3 at 8 rows and 1 warp, 452.8 at 4 warps; E24);
+      below, 4 rows, 1 warp, fp32 fields (8192: 11.2 us against 12.2 at 8 rows unsplit):
+      the output projections that take the split norm's epilogue are there, under its
+      128-register cap (8 rows need 168 in packed fp16, 255 with fp32 fields);
     - Q6_K: 4 rows, split words from N = 2048 (4096 x 12288 18.3 us against 18.9, 12288 x 4096
       17.8 against 19.0); 1 warp from N = 16384 (the LM head 248320: 259-271 us against 275
       with PREFETCH unsplit), 2 with PREFETCH between; 4 warps at N <= 1024 (4.3 us, where
@@ -1556,7 +1559,7 @@ def _pq_cuda_decode(qtype, N, K, sms):
             return 8, 4, False, pairs, False
         return 8, (2 if N >= 8192 else 4), False, pairs, False
     if qtype == "Q5_K":
-        return 8, 2, False, 1, True
+        return (8, 2, False, 1, True) if N >= 8192 else (4, 1, False, 1, True)
     if qtype == "Q6_K":
         if N >= 16384:
             return 4, 1, False, 1, True
@@ -1651,12 +1654,13 @@ def _pq_pairs(x, qtype, c, forced: bool) -> int:
     Q4_K_M decode 449 -> 453 tok/s, and 452.6 -> 461.3 with its Q5_K qkv too (E24). Q4_K not
     in linear_pair's launch (449 -> 445 there; its Q5_K segment yes), nor on ROCm (gfx908
     code: 3.44 VALU a weight against 3.61 but 138 VGPRs against 126; unmeasured on a gfx906).
-    A PAIRS of 3 asked for where it does not apply (fp32 x, odd BLOCK_N) runs the fp32 fields
-    (Q4_K 2, Q5_K 1)."""
+    At 2 or 4 rows the row regrouping compiles to byte permutes (sm_90: Q4_K 4 rows 4.3
+    instructions a weight, Q5_K 5.6), so the default asks for 8 or more. A PAIRS of 3 asked
+    for where it does not apply (fp32 x, odd BLOCK_N) runs the fp32 fields (Q4_K 2, Q5_K 1)."""
     fits = (qtype in ("Q4_K", "Q5_K") and x.dtype == torch.float16 and c["BLOCK_N"] % 2 == 0)
     if c["PAIRS"] == 3 and not fits:
         return 2 if qtype == "Q4_K" else 1
-    if not forced and fits and c["BLOCK_T"] == 1 and not is_rocm():
+    if not forced and fits and c["BLOCK_N"] >= 8 and c["BLOCK_T"] == 1 and not is_rocm():
         return 3
     return c["PAIRS"]
 

@@ -305,8 +305,12 @@ def test_linear_pair_one_launch(types, K, T):
     cs = kernel._pq_pair_configs(x, pws)
     paired = cs is not None
     assert paired == (DEVICE == "cpu" or T == 1)        # CUDA fp16 from 2 tokens: tensor cores
-    if types == ("Q5_K", "Q4_K") and T == 1:            # the Q5_K segment in packed fp16 only
-        assert [c["PAIRS"] for c in cs] == [3, 2]
+    if types == ("Q5_K", "Q4_K") and T == 1 and K == 512:
+        # 13 Q5_K rows: 4 a program, fp32 fields; an 8192-row qkv (8 a program) runs its
+        # segment in packed fp16, the Q4_K one its fp32 fields
+        assert [c["PAIRS"] for c in cs] == [1, 2]
+        qkv = repack.pack(random_blocks(8192, K, "Q5_K", 45), "Q5_K", (8192, K))
+        assert [c["PAIRS"] for c in kernel._pq_pair_configs(x, [qkv, pws[1]])] == [3, 2]
     got = registry.call_triton("linear_pair", x, *pws)
     if paired:                                            # views of one [T, 13 + 6] output
         assert got[0].data_ptr() + 13 * got[0].element_size() == got[1].data_ptr()
@@ -351,7 +355,7 @@ def test_linear_glu(qtype, T, cfg):
                                    (3, dict(H=8, BLOCK_N=4, BLOCK_T=2))])   # token blocks
 def test_packed_k_quant_fp16_pairs(qtype, K, T, cfg):
     """Q4_K / Q5_K with fp16 activations in packed fp16, rows in pairs (PAIRS = 3, their
-    default for one token): within fp16's bound of the reference with 19 rows (a lone last
+    default for one token at 8 rows or more): within fp16's bound of the reference with 19 rows (a lone last
     row), and with the SwiGLU epilogue and the silu-mul on load; fp32 activations and odd row
     blocks run the fp32 fields (Q4_K PAIRS = 2, Q5_K 1)."""
     from g906.kernels.linear import kernel
@@ -362,11 +366,14 @@ def test_packed_k_quant_fp16_pairs(qtype, K, T, cfg):
     p = repack.pack(w.data, qtype, w.shape)
     x = randn(T, K, dtype=torch.float16, gen=g)
     if not cfg:
-        c = kernel._pq_gemv_config(1, N, K, qtype, x.device)
         fp32_fields = 2 if qtype == "Q4_K" else 1
-        default = 3 if qtype in PAIRS3_DEFAULT and not kernel.is_rocm() else fp32_fields
-        assert kernel._pq_pairs(x, qtype, c, False) == default
-        assert kernel._pq_pairs(x.float(), qtype, c, False) == c["PAIRS"] == fp32_fields
+        # the default: packed fp16 off ROCm at 8 rows or more (Q4_K always; Q5_K from 8192 rows)
+        for rows, packed in ((N, qtype == "Q4_K"), (8192, True)):
+            c = kernel._pq_gemv_config(1, rows, K, qtype, x.device)
+            want = 3 if packed and not kernel.is_rocm() else fp32_fields
+            assert kernel._pq_pairs(x, qtype, c, False) == want, rows
+            assert kernel._pq_pairs(x.float(), qtype, c, False) == c["PAIRS"] == fp32_fields
+            assert kernel._pq_pairs(x, qtype, dict(c, BLOCK_N=4), False) == fp32_fields
         assert kernel._pq_pairs(x, qtype, dict(c, PAIRS=3, BLOCK_N=1), True) == fp32_fields
     assert_close(kernel.packed_matmul(x, p, PAIRS=3, **cfg), registry.call_reference("linear", x, w))
     xx = randn(T, 2 * K, dtype=torch.float16, gen=g)              # [gate | up] of the down projection
@@ -377,9 +384,6 @@ def test_packed_k_quant_fp16_pairs(qtype, K, T, cfg):
         pg = repack.pack(wg.data, qtype, wg.shape)
         assert_close(kernel.packed_matmul(x, pg, glu=True, PAIRS=3, **cfg),
                      registry.call_reference("linear_glu", x, wg))
-
-
-PAIRS3_DEFAULT = ("Q4_K", "Q5_K")   # types whose one-token GEMVs run PAIRS = 3 by default
 
 
 @gpu
