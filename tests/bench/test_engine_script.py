@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("bench_engine", ROOT / "benchmarks" / "engine.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.benchmark_scripts import load_benchmark
 
 
 def test_engine_script_quick(tmp_path, capsys):
-    mod = _script()
+    mod = load_benchmark("engine")
     rc = mod.main(["--quick", "--device", "cpu", "--groups", "0.8b-f16", "--no-hf", "--out", str(tmp_path)])
     assert rc == 0
     data = json.loads((tmp_path / "engine.json").read_text())
@@ -34,7 +25,7 @@ def test_engine_script_quick(tmp_path, capsys):
 
 def test_engine_script_refuses_negative_prefill_graphs(capsys):
     with pytest.raises(SystemExit) as info:
-        _script().main(["--quick", "--device", "cpu", "--prefill-graphs", "-1"])
+        load_benchmark("engine").main(["--quick", "--device", "cpu", "--prefill-graphs", "-1"])
     assert info.value.code == 2 and "--prefill-graphs must be 0 or more" in capsys.readouterr().err
 
 
@@ -45,7 +36,7 @@ def test_kernel_timeline_counts_pdl_overlap_once():
           dict(name="b", ts=8.0, dur=5.0, args={"grid": [2, 1, 1]}),     # starts 2 us early
           dict(name="a", ts=20.0, dur=10.0, args={"grid": [4, 1, 1]}),   # after a 7 us gap
           dict(name="c", ts=21.0, dur=3.0)]                              # inside a's span
-    t = _script().kernel_timeline(ev, steps=2)
+    t = load_benchmark("engine").kernel_timeline(ev, steps=2)
     got = {r["name"]: (r["us_per_step"], r["calls_per_step"]) for r in t["kernels"]}
     assert got == {"a [4, 1, 1]": (13.5, 1.0), "b [2, 1, 1]": (1.5, 0.5), "c": (0.0, 0.5)}
     assert t["us_per_step"] == 15.0 and t["kernels_per_step"] == 2.0
@@ -58,7 +49,7 @@ def test_gemv_config_overrides(monkeypatch, capsys):
 
     from g906.kernels.linear import kernel as K
 
-    mod = _script()
+    mod = load_benchmark("engine")
     key, cfg = mod.parse_gemv_config("Q4_K:4096x4096:BLOCK_N=4,num_warps=2,PREFETCH=false")
     assert key == ("Q4_K", 4096, 4096) and cfg == {"BLOCK_N": 4, "num_warps": 2, "PREFETCH": False}
     monkeypatch.setattr(K, "_pq_gemv_config", K._pq_gemv_config)      # restored after the test

@@ -3,28 +3,16 @@ packed-fp16 default and the fp32 fields are timed side by side, and its labels s
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
 from g906.kernels._triton_util import is_rocm
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _script():
-    # loaded by path: the name `kernels` is also the project's kernel package
-    spec = importlib.util.spec_from_file_location("bench_kernels", ROOT / "benchmarks" / "kernels.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.benchmark_scripts import load_benchmark
 
 
 @pytest.mark.skipif(is_rocm(), reason="ROCm keeps the fp32 fields (no packed fp16 default)")
 def test_linear_quant_sweep_times_both_field_decodes():
-    kb = _script()
+    kb = load_benchmark("kernels")
     from g906.kernels.linear import kernel as K
 
     x = torch.zeros(1, 4096, dtype=torch.float16)
@@ -34,8 +22,9 @@ def test_linear_quant_sweep_times_both_field_decodes():
         extra = kb.linq_extra(qt, base)
         assert {c["PAIRS"] for c in extra} == fp32_fields           # each named: runs as asked
         assert all(kb._run_pairs(x, qt, base, c) == c["PAIRS"] for c in extra)
-        grid = dict(BLOCK_N=4, num_warps=1, PREFETCH=False)
-        assert kb.sweep_label(grid, kb._run_pairs(x, qt, base, grid)) == "4/1/False/p3"
+        for rows, label in ((8, "8/1/False/p3"), (4, "4/1/False")):     # 4 rows: fp32 fields
+            grid = dict(BLOCK_N=rows, num_warps=1, PREFETCH=False)
+            assert kb.sweep_label(grid, kb._run_pairs(x, qt, base, grid)) == label
         assert not kb.sweep_label(extra[0], kb._run_pairs(x, qt, base, extra[0])).endswith("p3")
     q6 = K._pq_gemv_config(1, 8192, 4096, "Q6_K", x.device)
     grid = dict(BLOCK_N=4, num_warps=1, PREFETCH=False)
