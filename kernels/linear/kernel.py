@@ -885,6 +885,26 @@ def _centred_fives(pb, B: tl.constexpr, magic):
 
 
 @triton.jit
+def _pq_fp16_field(lo, hi, odd_lo, odd_hi, F: tl.constexpr, QT: tl.constexpr, magic):
+    """Field F (0-7) of rows 2i and 2i + 1 as a centred fp16 pair, from their regrouped
+    words: Q4_K nibbles (lo: fields 0-3, hi: 4-7; _centred_nibbles), Q5_K bytes (lo / hi:
+    the even fields 0, 2 / 4, 6, odd_lo / odd_hi: 1, 3 / 5, 7; _centred_fives)."""
+    if QT == 2:
+        if F < 4:
+            return _centred_nibbles(lo, F, magic)
+        return _centred_nibbles(hi, F - 4, magic)
+    if F % 2 == 0:
+        src = lo
+        if F >= 4:
+            src = hi
+    else:
+        src = odd_lo
+        if F >= 4:
+            src = odd_hi
+    return _centred_fives(src, (F % 4) // 2, magic)
+
+
+@triton.jit
 def _nibble_pair_fma(p, words, J: tl.constexpr, x0, x1, one):
     """p + fields J and J + 1 of every row's word(s) (_nibble_pair) times their activations
     (x0 meets f = 1 + q/256, hence 16 x0)."""
@@ -929,53 +949,37 @@ def _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w
         A, B = _pq_scale_values(ra, rb, QT, CVT)
     if QT == 4:
         A1, B1 = _pq_scale_values(ra1, rb, QT, CVT)
-    if QT == 2 and PAIRS == 3:
-        # Q4_K on fp16 activations in packed fp16: two rows' words regrouped so one int32
-        # holds the same 4 fields of both (_row_pair_words), each field then an fp16 pair
+    if (QT == 2 or QT == 3) and PAIRS == 3:
+        # Q4_K / Q5_K on fp16 activations in packed fp16: two rows' words regrouped so one
+        # int32 holds the same fields of both (_row_pair_words), each field then an fp16 pair
         # (row 2i, row 2i + 1) meeting one activation (the pair LLVM's vectorizer forms: one
         # register, no byte permutes): per 2 weights a LOP3, a centring FMA and the product's
-        # HFMA2, a shift per 8 (sm_90: 3.2 instructions a weight in the loop against 3.8).
-        # Centred (|q / 16 - 0.5| <= 0.5, 8 products a lane) the fp16 sums stay near fp16
-        # rounding (relative error 2.5-4.7e-4 in the tests; uncentred 1 + q / 16 summed to
-        # 1.4-2.7e-3); each row's sum goes to fp32 once a vector.
-        # 0x64006400 (fp16 1024 in both halves) from the run-time `one` (0x3F800000): a
-        # register, so each field's mask and it fit one LOP3 (two immediates would not)
+        # HFMA2 (_pq_fp16_field; sm_90 loop at 8 rows: Q4_K 3.2 instructions a weight against
+        # 3.8 with fp32 fields, Q5_K 4.4 against 5.1). Centred (|f| <= 0.5, 8 products a
+        # lane) the fp16 sums stay near fp16 rounding (relative error 2.5-7e-4 in the tests;
+        # Q4_K's uncentred 1 + q / 16 summed to 1.4-2.7e-3); each row's sum goes to fp32 once
+        # a vector. 0x64006400 (fp16 1024 in both halves) from the run-time `one`
+        # (0x3F800000): a register, so each field's mask and it fit one LOP3 (two immediates
+        # would not)
         magic = one ^ 0x5B806400
-        lo, hi = _row_pair_words(words, H, BLOCK_N)
+        pair_lo, pair_hi = _row_pair_words(words, H, BLOCK_N)   # Q5_K: its even fields
+        odd_lo, odd_hi = pair_lo, pair_hi
+        if QT == 3:                                        # Q5_K: the odd fields' bytes
+            odd_lo, odd_hi = _row_pair_words(hi, H, BLOCK_N)
         ph = tl.zeros([H, BLOCK_T, BLOCK_N // 2, 4, 2], tl.float16)
         X = tl.zeros([H, BLOCK_T, 1], tl.float32)
         for j in tl.static_range(4):
-            xa = _pq_x16(x_ptr, xrow + k0 + xoff + 4 * j, xm, KX, SILU)          # 4j + w
-            xb = _pq_x16(x_ptr, xrow + k0 + xoff + 4 * j + 16, xm, KX, SILU)     # 16 + 4j + w
+            # two fields a step: Q4_K's j and 4 + j (lo's and hi's), Q5_K's 2j and 2j + 1
+            Fa = j if QT == 2 else 2 * j
+            Fb = j + 4 if QT == 2 else 2 * j + 1
+            xa = _pq_x16(x_ptr, xrow + k0 + xoff + 4 * Fa, xm, KX, SILU)      # 4F + w
+            xb = _pq_x16(x_ptr, xrow + k0 + xoff + 4 * Fb, xm, KX, SILU)
             X += tl.sum(xa.to(tl.float32), 3) + tl.sum(xb.to(tl.float32), 3)
-            ph += _centred_nibbles(lo, j, magic)[:, None] * xa[:, :, :, :, None]
-            ph += _centred_nibbles(hi, j, magic)[:, None] * xb[:, :, :, :, None]
-        # sum(q / 16 x) = ps + X / 2; DS = 16 d sc
-        acc += DS[:, None] * (_row_pair_sums(ph, H, BLOCK_T, BLOCK_N) + 0.5 * X) - DM[:, None] * X
-    elif QT == 3 and PAIRS == 3:
-        # Q5_K as Q4_K's PAIRS = 3: the 5-bit bytes of the even / odd fields of each word
-        # (_q5_bytes) regrouped by row pairs, so a half holds fields 4i + {0, 2} (even) or
-        # 4i + {1, 3} (odd) of one row in bytes 0 and 1; each field an exact centred fp16
-        # pair q / 32 - 1/2 (_centred_fives) into an HFMA2 (sm_90, 8 rows: 4.4 instructions
-        # a weight in the loop against 5.1 with fp32 fields)
-        magic = one ^ 0x5B806400
-        e_lo, e_hi = _row_pair_words(words, H, BLOCK_N)
-        o_lo, o_hi = _row_pair_words(hi, H, BLOCK_N)
-        ph = tl.zeros([H, BLOCK_T, BLOCK_N // 2, 4, 2], tl.float16)
-        X = tl.zeros([H, BLOCK_T, 1], tl.float32)
-        for F in tl.static_range(8):
-            if F % 2 == 0:
-                src = e_lo
-                if F >= 4:
-                    src = e_hi
-            else:
-                src = o_lo
-                if F >= 4:
-                    src = o_hi
-            xf = _pq_x16(x_ptr, xrow + k0 + xoff + 4 * F, xm, KX, SILU)       # 4F + w
-            X += tl.sum(xf.to(tl.float32), 3)
-            ph += _centred_fives(src, (F % 4) // 2, magic)[:, None] * xf[:, :, :, :, None]
-        # sum(q / 32 x) = ps + X / 2; DS = 32 d sc
+            fa = _pq_fp16_field(pair_lo, pair_hi, odd_lo, odd_hi, Fa, QT, magic)
+            fb = _pq_fp16_field(pair_lo, pair_hi, odd_lo, odd_hi, Fb, QT, magic)
+            ph += fa[:, None] * xa[:, :, :, :, None]
+            ph += fb[:, None] * xb[:, :, :, :, None]
+        # sum(q / 2^b x) = ps + X / 2; DS = 2^b d sc (b = 4, 5)
         acc += DS[:, None] * (_row_pair_sums(ph, H, BLOCK_T, BLOCK_N) + 0.5 * X) - DM[:, None] * X
     elif QT == 2 and PAIRS == 2:
         # Q4_K, fields two at a time as below, with the scales folded: the f = 1 parts of
