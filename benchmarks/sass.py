@@ -71,8 +71,17 @@ def _kernel_and_signature(args):
                             else 2 if args.qtype == "Q4_K" else 1),
                      SILU=False, PDL=args.pdl, WSPLIT=args.wsplit, ONE_IMM=args.one_imm, CVT=args.cvt,
                      TOKEN_BLOCKS=False, GLU=args.glu,
-                     PRELOAD=args.pdl and not args.prefetch and K.pq_preloads(args.qtype), **norm)
+                     PRELOAD=_preload(args), **norm)
     return _signature(fn, ptrs, const, ALIGNED, {"eps", "eps_in"})
+
+
+def _preload(args) -> int:
+    """The packed GEMV's PRELOAD: --preload, else what the engine's PDL graphs run."""
+    from g906.kernels.linear import kernel as K
+
+    if not args.pdl or args.prefetch:
+        return 0
+    return args.preload if args.preload is not None else int(K.pq_preloads(args.qtype, args.rows))
 
 
 def _signature(fn, ptrs, const, aligned, floats):
@@ -213,7 +222,10 @@ def analyse(args) -> dict:
     src = ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
     if args.target != "sm_90":
         return analyse_amd(args, src, const)
-    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": args.warps})
+    options = {"num_warps": args.warps}
+    if args.maxnreg:
+        options["maxnreg"] = args.maxnreg
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     bindir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.TemporaryDirectory() as d:
         cubin, ptx = os.path.join(d, "k.cubin"), os.path.join(d, "k.ptx")
@@ -223,7 +235,8 @@ def analyse(args) -> dict:
             f.write(ck.asm["ptx"])
         sass = subprocess.run([os.path.join(bindir, "nvdisasm"), "-c", cubin],
                               capture_output=True, text=True, check=True).stdout
-        info = subprocess.run([os.path.join(bindir, "ptxas"), "-v", "--gpu-name=sm_90a", ptx,
+        cap = [f"--maxrregcount={args.maxnreg}"] if args.maxnreg else []
+        info = subprocess.run([os.path.join(bindir, "ptxas"), "-v", "--gpu-name=sm_90a", *cap, ptx,
                                "-o", os.devnull], capture_output=True, text=True, check=True).stderr
     regs = re.search(r"Used (\d+) registers", info)
     spills = re.search(r"(\d+) bytes spill stores", info)
@@ -264,6 +277,11 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--pairs", type=int, choices=[0, 1, 2, 3], default=None,
                     help="packed: PAIRS (default 2 for Q4_K, else 1; 3: Q4_K in packed fp16)")
     ap.add_argument("--pdl", action="store_true", help="compile the PDL variant")
+    ap.add_argument("--maxnreg", type=int, default=None,
+                    help="sm_90: a register cap (the engine's 128 for GEMVs ending with the norm)")
+    ap.add_argument("--preload", type=int, choices=(0, 1), default=None,
+                    help="packed, with --pdl: the first iteration loaded before the PDL wait "
+                         "(PRELOAD; default the engine's choice, pq_preloads)")
     ap.add_argument("--one-imm", action="store_true",
                     help="packed: 1.0f's bits as an immediate (ONE_IMM, the ROCm default)")
     ap.add_argument("--glu", action="store_true",

@@ -1500,15 +1500,18 @@ def _pq_gemv_config_cached(T, N, K, qtype, device):
            and (kw // (split * 2)) % (4 * ws * warps) == 0 and kw // (split * 2) >= 1024):
         split *= 2
     return dict(BLOCK_N=block_n, num_warps=warps, SPLIT=split, PREFETCH=prefetch, PAIRS=pairs,
-                WSPLIT=wsplit, ONE_IMM=rocm, CVT=rocm, BLOCK_T=block_t, PRELOAD=pq_preloads(qtype))
+                WSPLIT=wsplit, ONE_IMM=rocm, CVT=rocm, BLOCK_T=block_t,
+                PRELOAD=pq_preloads(qtype, block_n))
 
 
-def pq_preloads(qtype) -> bool:
+def pq_preloads(qtype, block_n) -> bool:
     """Whether a packed GEMV loads its first iteration before the PDL wait (PRELOAD, decode
     graphs on sm_90): H200, kernel run 11, Q4_K gate/up 62.2 -> 69.0% of the copy rate,
-    4096 x 4096 34 -> 47%, Q6_K and Q8_0 8192 x 4096 48 -> 60% and 66 -> 77%; Q5_K lost 1-4
-    points (123 -> 128 registers)."""
-    return qtype != "Q5_K"
+    4096 x 4096 34 -> 47%, Q6_K and Q8_0 8192 x 4096 48 -> 60% and 66 -> 77%. Q5_K at 4 rows
+    lost 1-4 points (fp32 fields, 123 -> 128 registers); at 8 rows (packed fp16, 167
+    registers either way) its 8192-row qkv gained: the 9B Q4_K_M decode 452.3 -> 463.8 tok/s
+    (E25). Loading a second iteration too lost everywhere (E25)."""
+    return qtype != "Q5_K" or block_n >= 8
 
 
 def _pq_rocm_decode(qtype):

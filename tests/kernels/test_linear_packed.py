@@ -374,6 +374,9 @@ def test_packed_k_quant_fp16_pairs(qtype, K, T, cfg):
             assert kernel._pq_pairs(x, qtype, c, False) == want, rows
             assert kernel._pq_pairs(x.float(), qtype, c, False) == c["PAIRS"] == fp32_fields
             assert kernel._pq_pairs(x, qtype, dict(c, BLOCK_N=4), False) == fp32_fields
+            # these programs load their first iteration before the PDL wait; Q5_K's 4-row
+            # fp32 fields do not (pq_preloads)
+            assert c["PRELOAD"] == packed, rows
         assert kernel._pq_pairs(x, qtype, dict(c, PAIRS=3, BLOCK_N=1), True) == fp32_fields
     assert_close(kernel.packed_matmul(x, p, PAIRS=3, **cfg), registry.call_reference("linear", x, w))
     xx = randn(T, 2 * K, dtype=torch.float16, gen=g)              # [gate | up] of the down projection
