@@ -885,6 +885,15 @@ def _centred_fives(pb, B: tl.constexpr, magic):
 
 
 @triton.jit
+def _centred_sixes(pb, B: tl.constexpr, magic):
+    """Byte B (0 or 1) of both halves of row-paired Q6_K bytes (_q6_bytes, then
+    _row_pair_words) as fp16 pairs (q - 32) / 64 (exact, its zero point: no sum(x) term)."""
+    if B == 1:
+        pb = pb >> 8
+    return _half2((pb & 0x003F003F) | magic) * 0.015625 - 16.5
+
+
+@triton.jit
 def _pq_fp16_field(lo, hi, odd_lo, odd_hi, F: tl.constexpr, QT: tl.constexpr, magic):
     """Field F (0-7) of rows 2i and 2i + 1 as a centred fp16 pair, from their regrouped
     words: Q4_K nibbles (lo: fields 0-3, hi: 4-7; _centred_nibbles), Q5_K bytes (lo / hi:
@@ -949,7 +958,36 @@ def _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w
         A, B = _pq_scale_values(ra, rb, QT, CVT)
     if QT == 4:
         A1, B1 = _pq_scale_values(ra1, rb, QT, CVT)
-    if (QT == 2 or QT == 3) and PAIRS == 3:
+    if PAIRS == 3:   # fp16 1024 in both halves (see below)
+        magic = one ^ 0x5B806400
+    if QT == 4 and PAIRS == 3:
+        # Q6_K in packed fp16 as Q4_K / Q5_K below (_q6_bytes' byte words regrouped by row
+        # pairs), centred at its zero point: (q - 32) / 64, exact, so no sum(x) term; fields
+        # 0-3 and 4-7 of a vector have their own scales (A, A1), so two sums
+        e_lo, e_hi = _row_pair_words(words, H, BLOCK_N)     # even fields: 0, 2 / 4, 6
+        o_lo, o_hi = _row_pair_words(hi, H, BLOCK_N)        # odd: 1, 3 / 5, 7
+        p0 = tl.zeros([H, BLOCK_T, BLOCK_N // 2, 4, 2], tl.float16)
+        p1 = tl.zeros([H, BLOCK_T, BLOCK_N // 2, 4, 2], tl.float16)
+        for j in tl.static_range(4):
+            xa = _pq_x16(x_ptr, xrow + k0 + xoff + 4 * j, xm, KX, SILU)
+            xb = _pq_x16(x_ptr, xrow + k0 + xoff + 4 * (j + 4), xm, KX, SILU)
+            if j % 2 == 0:
+                fa = _centred_sixes(e_lo, j // 2, magic)
+                fb = _centred_sixes(e_hi, j // 2, magic)
+            else:
+                fa = _centred_sixes(o_lo, j // 2, magic)
+                fb = _centred_sixes(o_hi, j // 2, magic)
+            p0 += fa[:, None] * xa[:, :, :, :, None]
+            p1 += fb[:, None] * xb[:, :, :, :, None]
+            if j == 0:   # (the anchor below)
+                x4 = tl.sum(xa.to(tl.float32), 3)
+        # + 0 * x4 (4 activations' sum): a term in the activations' layout, which Triton then
+        # gives the fp16 sums too; without one (Q6_K needs no sum(x)) it spreads them across
+        # lanes and converts every product through shared memory (sm_90 4 rows: 7.1
+        # instructions a weight against 5.7)
+        acc += (A[:, None] * _row_pair_sums(p0, H, BLOCK_T, BLOCK_N)
+                + A1[:, None] * _row_pair_sums(p1, H, BLOCK_T, BLOCK_N)) + x4 * 0.0
+    elif (QT == 2 or QT == 3) and PAIRS == 3:
         # Q4_K / Q5_K on fp16 activations in packed fp16: two rows' words regrouped so one
         # int32 holds the same fields of both (_row_pair_words), each field then an fp16 pair
         # (row 2i, row 2i + 1) meeting one activation (the pair LLVM's vectorizer forms: one
@@ -961,7 +999,6 @@ def _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w
         # a vector. 0x64006400 (fp16 1024 in both halves) from the run-time `one`
         # (0x3F800000): a register, so each field's mask and it fit one LOP3 (two immediates
         # would not)
-        magic = one ^ 0x5B806400
         pair_lo, pair_hi = _row_pair_words(words, H, BLOCK_N)   # Q5_K: its even fields
         odd_lo, odd_hi = pair_lo, pair_hi
         if QT == 3:                                        # Q5_K: the odd fields' bytes
@@ -1550,10 +1587,13 @@ def _pq_cuda_decode(qtype, N, K, sms):
       the output projections that take the split norm's epilogue are there, under its
       128-register cap (8 rows need 168 in packed fp16, 255 with fp32 fields);
     - Q6_K: 4 rows, split words from N = 2048 (4096 x 12288 18.3 us against 18.9, 12288 x 4096
-      17.8 against 19.0); 1 warp from N = 16384 (the LM head 248320: 259-271 us against 275
-      with PREFETCH unsplit), 2 with PREFETCH between; 4 warps at N <= 1024 (4.3 us, where
-      the unsplit kernel took 4.0; it is gone) and for the down projections (K >= 12288: under
-      PDL 15.5 us against 16.0 with 2 warps and PREFETCH, run 11);
+      17.8 against 19.0); 2 warps with PREFETCH, 4 warps at N <= 1024 (4.3 us, where the
+      unsplit kernel took 4.0; it is gone). The LM head (N >= 16384) and the down projections
+      (K >= 12288) take 8 rows, 2 and 4 warps, for their fields in packed fp16 (_pq_pairs;
+      the 9B Q4_K_M decode 462.8 -> 477.1 tok/s against 4 rows of fp32 fields at 1 and 4
+      warps, E25; 8 x 2 for the downs 442.3); with fp32 fields (fp32 activations, the
+      SwiGLU epilogue) they run 4 rows (packed_matmul; the downs' fp32 fields at 8 rows x 2
+      warps, 168 registers: 427 tok/s against 463, E25);
     - Q8_0: 4 rows, unsplit; from N = 16384 2 warps with PREFETCH (24576: 28.5 us against
       30.3), else warps so that the grid holds about 24 warps per SM (N = 12288: 1, N = 4096:
       4, with PREFETCH).
@@ -1569,8 +1609,10 @@ def _pq_cuda_decode(qtype, N, K, sms):
         return (8, 2, False, 1, True) if N >= 8192 else (4, 1, False, 1, True)
     if qtype == "Q6_K":
         if N >= 16384:
-            return 4, 1, False, 1, True
-        if N <= 1024 or K >= 12288:
+            return 8, 2, False, 1, True
+        if K >= 12288:
+            return 8, 4, False, 1, True
+        if N <= 1024:
             return 4, 4, False, 1, True
         return 4, 2, True, 1, True
     if N >= 16384:
@@ -1601,7 +1643,8 @@ def packed_matmul(x, pw, *, silu=False, glu=False, add_norm=None, rms_of=None, *
     if gemv:
         c = _pq_gemv_config(T, N, K, qt, x.device)
         c.update(cfg)
-        c["PAIRS"] = _pq_pairs(x, qt, c, "PAIRS" in cfg)
+        c["PAIRS"] = _pq_pairs(x, qt, c, "PAIRS" in cfg, glu)
+        c["BLOCK_N"] = _pq_rows(qt, c, "BLOCK_N" in cfg)
         BN, warps, split = c["BLOCK_N"], c["num_warps"], c["SPLIT"]
         H = c.get("H") or warp_size(x.device) * warps
         KW = K // E
@@ -1653,23 +1696,36 @@ def packed_matmul(x, pw, *, silu=False, glu=False, add_norm=None, rms_of=None, *
     return _pq_gemm(x, pw, out, **cfg)
 
 
-def _pq_pairs(x, qtype, c, forced: bool) -> int:
-    """The PAIRS a packed GEMV runs with: its config's, or 3 (fields in packed fp16) for Q4_K
-    and Q5_K decode with fp16 activations off ROCm, one token a program and rows in pairs.
+def _pq_pairs(x, qtype, c, forced: bool, glu: bool = False) -> int:
+    """The PAIRS a packed GEMV runs with: its config's, or 3 (fields in packed fp16) for Q4_K,
+    Q5_K and Q6_K decode with fp16 activations off ROCm, one token a program and rows in pairs.
     H200 (docs/PERF.md E23; graph-replayed, weights from HBM): 24576x4096 with the SwiGLU 21.9
     -> 19.1 us, 12288x4096 13.8 -> 11.3, 4096x12288 13.1 -> 11.7, 4096x4096 6.5 -> 6.1; the 9B
     Q4_K_M decode 449 -> 453 tok/s, and 452.6 -> 461.3 with its Q5_K qkv too (E24). Q4_K not
     in linear_pair's launch (449 -> 445 there; its Q5_K segment yes), nor on ROCm (gfx908
     code: 3.44 VALU a weight against 3.61 but 138 VGPRs against 126; unmeasured on a gfx906).
     At 2 or 4 rows the row regrouping compiles to byte permutes (sm_90: Q4_K 4 rows 4.3
-    instructions a weight, Q5_K 5.6), so the default asks for 8 or more. A PAIRS of 3 asked
-    for where it does not apply (fp32 x, odd BLOCK_N) runs the fp32 fields (Q4_K 2, Q5_K 1)."""
-    fits = (qtype in ("Q4_K", "Q5_K") and x.dtype == torch.float16 and c["BLOCK_N"] % 2 == 0)
+    instructions a weight, Q5_K 5.6), so the default asks for 8 or more. Q6_K (E25): its LM
+    head and down projections at 8 rows, 4.46 instructions a weight against 5.85 (4 rows of
+    fp32 fields), the 9B Q4_K_M decode 462.8 -> 477.1 tok/s; not under the SwiGLU epilogue
+    (glu), where its symmetric quants' fp16 rounding shows through silu(g) * u (relative error
+    up to 6e-3 against 3-9e-4 plain). A PAIRS of 3 asked for where it does not apply (fp32 x,
+    odd BLOCK_N, Q6_K's glu) runs the fp32 fields (Q4_K 2, the others 1)."""
+    fits = (qtype in ("Q4_K", "Q5_K", "Q6_K") and x.dtype == torch.float16
+            and c["BLOCK_N"] % 2 == 0 and not (glu and qtype == "Q6_K"))
     if c["PAIRS"] == 3 and not fits:
         return 2 if qtype == "Q4_K" else 1
     if not forced and fits and c["BLOCK_N"] >= 8 and c["BLOCK_T"] == 1 and not is_rocm():
         return 3
     return c["PAIRS"]
+
+
+def _pq_rows(qtype, c, forced: bool) -> int:
+    """The rows a packed GEMV program runs: its config's, but 4 for Q6_K's 8-row defaults where
+    its fields stay fp32 (the 8 rows are for packed fp16: _pq_cuda_decode)."""
+    if qtype == "Q6_K" and c["PAIRS"] != 3 and c["BLOCK_N"] == 8 and not forced:
+        return 4
+    return c["BLOCK_N"]
 
 
 def _add_norm_regs(device, add_norm, QT, pairs) -> dict:

@@ -347,7 +347,7 @@ def test_linear_glu(qtype, T, cfg):
         assert_close(engine_ref.linear_glu(x, w), ref)
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K", "Q6_K"])
 @pytest.mark.parametrize("K", [768, 1024])                   # a masked tail; whole iterations
 @pytest.mark.parametrize("T,cfg", [(1, {}), (1, dict(H=8, BLOCK_N=2)),
                                    (1, dict(H=8, BLOCK_N=8, PRELOAD=True)),
@@ -365,7 +365,7 @@ def test_packed_k_quant_fp16_pairs(qtype, K, T, cfg):
     w = qweight(N, K, qtype, 71)
     p = repack.pack(w.data, qtype, w.shape)
     x = randn(T, K, dtype=torch.float16, gen=g)
-    if not cfg:
+    if not cfg and qtype != "Q6_K":
         fp32_fields = 2 if qtype == "Q4_K" else 1
         # the default: packed fp16 off ROCm at 8 rows or more (Q4_K always; Q5_K from 8192 rows)
         for rows, packed in ((N, qtype == "Q4_K"), (8192, True)):
@@ -387,6 +387,19 @@ def test_packed_k_quant_fp16_pairs(qtype, K, T, cfg):
         pg = repack.pack(wg.data, qtype, wg.shape)
         assert_close(kernel.packed_matmul(x, pg, glu=True, PAIRS=3, **cfg),
                      registry.call_reference("linear_glu", x, wg))
+        if qtype == "Q6_K":
+            # the LM head's and the down projections' defaults: 8 rows in packed fp16, but
+            # not under the SwiGLU (it would magnify the fp16 sums' rounding) nor with fp32
+            # activations, where the fields stay fp32 on 4 rows; other shapes 4 rows
+            for rows, k in ((248320, K), (4096, 12288), (8192, K)):
+                c = kernel._pq_gemv_config(1, rows, k, qtype, x.device)
+                packed = rows != 8192 and not kernel.is_rocm()
+                assert (c["BLOCK_N"] == 8) == packed
+                assert kernel._pq_pairs(x, qtype, c, False) == (3 if packed else 1)
+                for xt, glu in ((x, True), (x.float(), False)):
+                    cf = dict(c, PAIRS=kernel._pq_pairs(xt, qtype, c, False, glu))
+                    assert cf["PAIRS"] == 1 and kernel._pq_rows(qtype, cf, False) == 4
+                assert kernel._pq_rows(qtype, dict(c, PAIRS=1), True) == c["BLOCK_N"]
 
 
 @gpu
