@@ -1588,12 +1588,14 @@ def _pq_cuda_decode(qtype, N, K, sms):
       128-register cap (8 rows need 168 in packed fp16, 255 with fp32 fields);
     - Q6_K: 4 rows, split words from N = 2048 (4096 x 12288 18.3 us against 18.9, 12288 x 4096
       17.8 against 19.0); 2 warps with PREFETCH, 4 warps at N <= 1024 (4.3 us, where the
-      unsplit kernel took 4.0; it is gone). The LM head (N >= 16384) and the down projections
-      (K >= 12288) take 8 rows, 2 and 4 warps, for their fields in packed fp16 (_pq_pairs;
-      the 9B Q4_K_M decode 462.8 -> 477.1 tok/s against 4 rows of fp32 fields at 1 and 4
-      warps, E25; 8 x 2 for the downs 442.3); with fp32 fields (fp32 activations, the
-      SwiGLU epilogue) they run 4 rows (packed_matmul; the downs' fp32 fields at 8 rows x 2
-      warps, 168 registers: 427 tok/s against 463, E25);
+      unsplit kernel took 4.0; it is gone). The LM head (N >= 16384), the down projections
+      (K >= 12288) and N = 12288-16383 take 8 rows (2, 4 and 1 warps, the last with
+      PREFETCH) for their fields in packed fp16 (_pq_pairs; E25: the 9B Q4_K_M decode 462.8
+      -> 477.1 tok/s against 4 rows of fp32 fields at 1 and 4 warps, 8 x 2 for the downs
+      442.3; alone under PDL 4096 x 12288 72.0% of the copy rate, 12288 x 4096 69.6% against
+      63.1%; not at 8192 x 4096, 51.6% against 60.5%, nor 4096 x 4096); with fp32 fields (fp32
+      activations, the SwiGLU epilogue) they run 4 rows (_pq_rows; the downs' fp32 fields at 8
+      rows x 2 warps, 168 registers: 427 tok/s against 463);
     - Q8_0: 4 rows, unsplit; from N = 16384 2 warps with PREFETCH (24576: 28.5 us against
       30.3), else warps so that the grid holds about 24 warps per SM (N = 12288: 1, N = 4096:
       4, with PREFETCH).
@@ -1614,6 +1616,8 @@ def _pq_cuda_decode(qtype, N, K, sms):
             return 8, 4, False, 1, True
         if N <= 1024:
             return 4, 4, False, 1, True
+        if N >= 12288:
+            return 8, 1, True, 1, True
         return 4, 2, True, 1, True
     if N >= 16384:
         return 4, 2, True, 1, False

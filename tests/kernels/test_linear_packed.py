@@ -391,7 +391,7 @@ def test_packed_k_quant_fp16_pairs(qtype, K, T, cfg):
             # the LM head's and the down projections' defaults: 8 rows in packed fp16, but
             # not under the SwiGLU (it would magnify the fp16 sums' rounding) nor with fp32
             # activations, where the fields stay fp32 on 4 rows; other shapes 4 rows
-            for rows, k in ((248320, K), (4096, 12288), (8192, K)):
+            for rows, k in ((248320, K), (4096, 12288), (12288, K), (8192, K)):
                 c = kernel._pq_gemv_config(1, rows, k, qtype, x.device)
                 packed = rows != 8192 and not kernel.is_rocm()
                 assert (c["BLOCK_N"] == 8) == packed
