@@ -186,12 +186,12 @@ def _l2_bytes():
 def linq_extra(qt, base: dict) -> list[dict]:
     """Configs a T = 1 linear-quant sweep runs besides its grid: the base config with the
     other field decodes named explicitly (4-bit fields singly 0, paired 1, paired with
-    Q4_K's folded scales 2; Q4_K / Q5_K's fp32 fields beside the packed fp16 that _pq_pairs
-    picks for the grid), and the words of a vector split or not (Q6_K and Q4_K's PAIRS = 2
-    always split)."""
+    Q4_K's folded scales 2; Q4_K / Q5_K / Q6_K's fp32 fields beside the packed fp16 that
+    _pq_pairs picks for the grid's 8-row entries), and the words of a vector split or not
+    (Q6_K and Q4_K's PAIRS = 2 always split)."""
     extra = ([dict(base, PAIRS=p) for p in (0, 1, 2)] if qt == "Q4_K" else
              [dict(base, PAIRS=0)] if qt == "Q4_0" else
-             [dict(base, PAIRS=1)] if qt == "Q5_K" else [])
+             [dict(base, PAIRS=1)] if qt in ("Q5_K", "Q6_K") else [])
     if qt in ("Q8_0", "Q4_0", "Q5_K"):
         extra.append(dict(base, PAIRS=1, WSPLIT=not base["WSPLIT"]) if qt == "Q5_K"
                      else dict(base, WSPLIT=not base["WSPLIT"]))

@@ -29,3 +29,6 @@ def test_linear_quant_sweep_times_both_field_decodes():
     q6 = K._pq_gemv_config(1, 8192, 4096, "Q6_K", x.device)
     grid = dict(BLOCK_N=4, num_warps=1, PREFETCH=False)
     assert kb.sweep_label(grid, kb._run_pairs(x, "Q6_K", q6, grid)) == "4/1/False"
+    lm = K._pq_gemv_config(1, 248320, 4096, "Q6_K", x.device)      # 8 rows: packed fp16
+    assert kb._run_pairs(x, "Q6_K", lm, {}) == 3
+    assert [kb._run_pairs(x, "Q6_K", lm, c) for c in kb.linq_extra("Q6_K", lm)] == [1]
