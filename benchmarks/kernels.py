@@ -207,7 +207,8 @@ def _run_pairs(x, qt, base: dict, cfg: dict) -> int:
 
 def sweep_label(cfg: dict, pairs: int | None) -> str:
     """A sweep entry's values joined by '/', and '/p3' where the kernel ran its fields in
-    packed fp16 without the entry naming PAIRS (the grid's Q4_K / Q5_K entries)."""
+    packed fp16 without the entry naming PAIRS (the grid's 8-row Q4_K / Q5_K / Q6_K
+    entries)."""
     label = "/".join(str(v) for v in cfg.values())
     return f"{label}/p3" if pairs == 3 and "PAIRS" not in cfg else label
 

@@ -275,7 +275,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--cvt", action="store_true",
                     help="packed Q8_0/Q5_K/Q6_K: fields converted from their bytes (CVT)")
     ap.add_argument("--pairs", type=int, choices=[0, 1, 2, 3], default=None,
-                    help="packed: PAIRS (default 2 for Q4_K, else 1; 3: Q4_K in packed fp16)")
+                    help="packed: PAIRS (default 2 for Q4_K, else 1; 3: Q4_K / Q5_K / Q6_K in packed fp16)")
     ap.add_argument("--pdl", action="store_true", help="compile the PDL variant")
     ap.add_argument("--maxnreg", type=int, default=None,
                     help="sm_90: a register cap (the engine's 128 for GEMVs ending with the norm)")

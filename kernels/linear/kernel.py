@@ -896,8 +896,9 @@ def _centred_sixes(pb, B: tl.constexpr, magic):
 @triton.jit
 def _pq_fp16_field(lo, hi, odd_lo, odd_hi, F: tl.constexpr, QT: tl.constexpr, magic):
     """Field F (0-7) of rows 2i and 2i + 1 as a centred fp16 pair, from their regrouped
-    words: Q4_K nibbles (lo: fields 0-3, hi: 4-7; _centred_nibbles), Q5_K bytes (lo / hi:
-    the even fields 0, 2 / 4, 6, odd_lo / odd_hi: 1, 3 / 5, 7; _centred_fives)."""
+    words: Q4_K nibbles (lo: fields 0-3, hi: 4-7; _centred_nibbles), Q5_K / Q6_K bytes (lo /
+    hi: the even fields 0, 2 / 4, 6, odd_lo / odd_hi: 1, 3 / 5, 7; _centred_fives,
+    _centred_sixes)."""
     if QT == 2:
         if F < 4:
             return _centred_nibbles(lo, F, magic)
@@ -910,6 +911,8 @@ def _pq_fp16_field(lo, hi, odd_lo, odd_hi, F: tl.constexpr, QT: tl.constexpr, ma
         src = odd_lo
         if F >= 4:
             src = odd_hi
+    if QT == 4:
+        return _centred_sixes(src, (F % 4) // 2, magic)
     return _centred_fives(src, (F % 4) // 2, magic)
 
 
@@ -958,25 +961,27 @@ def _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w
         A, B = _pq_scale_values(ra, rb, QT, CVT)
     if QT == 4:
         A1, B1 = _pq_scale_values(ra1, rb, QT, CVT)
-    if PAIRS == 3:   # fp16 1024 in both halves (see below)
+    if PAIRS == 3:
+        # fields in packed fp16 (Q4_K / Q5_K / Q6_K, below): two rows' words regrouped so one
+        # int32 holds the same fields of both (_row_pair_words; Q5_K / Q6_K: their even
+        # fields' byte words, and the odd ones' from hi). 0x64006400 (fp16 1024 in both
+        # halves) from the run-time `one` (0x3F800000): a register, so each field's mask and
+        # it fit one LOP3 (two immediates would not)
         magic = one ^ 0x5B806400
+        pair_lo, pair_hi = _row_pair_words(words, H, BLOCK_N)
+        odd_lo, odd_hi = pair_lo, pair_hi
+        if QT != 2:
+            odd_lo, odd_hi = _row_pair_words(hi, H, BLOCK_N)
     if QT == 4 and PAIRS == 3:
-        # Q6_K in packed fp16 as Q4_K / Q5_K below (_q6_bytes' byte words regrouped by row
-        # pairs), centred at its zero point: (q - 32) / 64, exact, so no sum(x) term; fields
-        # 0-3 and 4-7 of a vector have their own scales (A, A1), so two sums
-        e_lo, e_hi = _row_pair_words(words, H, BLOCK_N)     # even fields: 0, 2 / 4, 6
-        o_lo, o_hi = _row_pair_words(hi, H, BLOCK_N)        # odd: 1, 3 / 5, 7
+        # Q6_K as Q4_K / Q5_K below, centred at its zero point: (q - 32) / 64, exact, so no
+        # sum(x) term; fields 0-3 and 4-7 of a vector have their own scales (A, A1): two sums
         p0 = tl.zeros([H, BLOCK_T, BLOCK_N // 2, 4, 2], tl.float16)
         p1 = tl.zeros([H, BLOCK_T, BLOCK_N // 2, 4, 2], tl.float16)
         for j in tl.static_range(4):
             xa = _pq_x16(x_ptr, xrow + k0 + xoff + 4 * j, xm, KX, SILU)
             xb = _pq_x16(x_ptr, xrow + k0 + xoff + 4 * (j + 4), xm, KX, SILU)
-            if j % 2 == 0:
-                fa = _centred_sixes(e_lo, j // 2, magic)
-                fb = _centred_sixes(e_hi, j // 2, magic)
-            else:
-                fa = _centred_sixes(o_lo, j // 2, magic)
-                fb = _centred_sixes(o_hi, j // 2, magic)
+            fa = _pq_fp16_field(pair_lo, pair_hi, odd_lo, odd_hi, j, QT, magic)
+            fb = _pq_fp16_field(pair_lo, pair_hi, odd_lo, odd_hi, j + 4, QT, magic)
             p0 += fa[:, None] * xa[:, :, :, :, None]
             p1 += fb[:, None] * xb[:, :, :, :, None]
             if j == 0:   # (the anchor below)
@@ -988,21 +993,14 @@ def _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w
         acc += (A[:, None] * _row_pair_sums(p0, H, BLOCK_T, BLOCK_N)
                 + A1[:, None] * _row_pair_sums(p1, H, BLOCK_T, BLOCK_N)) + x4 * 0.0
     elif (QT == 2 or QT == 3) and PAIRS == 3:
-        # Q4_K / Q5_K on fp16 activations in packed fp16: two rows' words regrouped so one
-        # int32 holds the same fields of both (_row_pair_words), each field then an fp16 pair
-        # (row 2i, row 2i + 1) meeting one activation (the pair LLVM's vectorizer forms: one
-        # register, no byte permutes): per 2 weights a LOP3, a centring FMA and the product's
-        # HFMA2 (_pq_fp16_field; sm_90 loop at 8 rows: Q4_K 3.2 instructions a weight against
-        # 3.8 with fp32 fields, Q5_K 4.4 against 5.1). Centred (|f| <= 0.5, 8 products a
-        # lane) the fp16 sums stay near fp16 rounding (relative error 2.5-7e-4 in the tests;
-        # Q4_K's uncentred 1 + q / 16 summed to 1.4-2.7e-3); each row's sum goes to fp32 once
-        # a vector. 0x64006400 (fp16 1024 in both halves) from the run-time `one`
-        # (0x3F800000): a register, so each field's mask and it fit one LOP3 (two immediates
-        # would not)
-        pair_lo, pair_hi = _row_pair_words(words, H, BLOCK_N)   # Q5_K: its even fields
-        odd_lo, odd_hi = pair_lo, pair_hi
-        if QT == 3:                                        # Q5_K: the odd fields' bytes
-            odd_lo, odd_hi = _row_pair_words(hi, H, BLOCK_N)
+        # Q4_K / Q5_K on fp16 activations in packed fp16: each field of the regrouped words
+        # an fp16 pair (row 2i, row 2i + 1) meeting one activation (the pair LLVM's
+        # vectorizer forms: one register, no byte permutes): per 2 weights a LOP3, a centring
+        # FMA and the product's HFMA2 (_pq_fp16_field; sm_90 loop at 8 rows: Q4_K 3.2
+        # instructions a weight against 3.8 with fp32 fields, Q5_K 4.4 against 5.1). Centred
+        # (|f| <= 0.5, 8 products a lane) the fp16 sums stay near fp16 rounding (relative
+        # error 2.5-7e-4 in the tests; Q4_K's uncentred 1 + q / 16 summed to 1.4-2.7e-3);
+        # each row's sum goes to fp32 once a vector
         ph = tl.zeros([H, BLOCK_T, BLOCK_N // 2, 4, 2], tl.float16)
         X = tl.zeros([H, BLOCK_T, 1], tl.float32)
         for j in tl.static_range(4):
@@ -1189,8 +1187,8 @@ def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr,
     PREFETCH: the next iteration's words, high bits and scales are loaded before this one is
     decoded (EVEN only; ptxas places those loads late in the body, so it pays only in some
     configs: _pq_cuda_decode). PAIRS: 4-bit fields two per shift (1), and for Q4_K with the
-    scales folded (2), or Q4_K / Q5_K in packed fp16 with rows in pairs (3: fp16 x, BLOCK_N
-    even; _pq_pairs); 0: one at a time.
+    scales folded (2), or Q4_K / Q5_K / Q6_K in packed fp16 with rows in pairs (3: fp16 x,
+    BLOCK_N even; _pq_pairs); 0: one at a time.
     WSPLIT (always for Q6_K and Q4_K's PAIRS = 2): the 4 words of each vector and their
     activations are split into separate tensors, so each row keeps one accumulator per vector
     instead of one per word: no reduction over the words, and fewer registers (sm_90: Q4_K 8
@@ -1600,8 +1598,8 @@ def _pq_cuda_decode(qtype, N, K, sms):
       30.3), else warps so that the grid holds about 24 warps per SM (N = 12288: 1, N = 4096:
       4, with PREFETCH).
     PREFETCH applies where a program makes at least 4 iterations (packed_matmul). With fp16
-    activations packed_matmul runs Q4_K's and Q5_K's fields in packed fp16 instead (PAIRS = 3,
-    _pq_pairs)."""
+    activations packed_matmul runs Q4_K's, Q5_K's and Q6_K's fields in packed fp16 instead
+    (PAIRS = 3, _pq_pairs)."""
     if qtype in ("Q4_K", "Q4_0"):
         pairs = 2 if qtype == "Q4_K" and not (N < 8192 and K >= 12288) else 1
         if qtype == "Q4_K" and 12288 <= N < 16384:

@@ -354,10 +354,11 @@ def test_linear_glu(qtype, T, cfg):
                                    (1, dict(H=4, BLOCK_N=4, SPLIT=3)),
                                    (3, dict(H=8, BLOCK_N=4, BLOCK_T=2))])   # token blocks
 def test_packed_k_quant_fp16_pairs(qtype, K, T, cfg):
-    """Q4_K / Q5_K with fp16 activations in packed fp16, rows in pairs (PAIRS = 3, their
-    default for one token at 8 rows or more): within fp16's bound of the reference with 19
-    rows (a lone last row), and with the SwiGLU epilogue and the silu-mul on load; fp32
-    activations and odd row blocks run the fp32 fields (Q4_K PAIRS = 2, Q5_K 1)."""
+    """Q4_K / Q5_K / Q6_K with fp16 activations in packed fp16, rows in pairs (PAIRS = 3,
+    their default for one token at 8 rows or more): within fp16's bound of the reference with
+    19 rows (a lone last row), and with the SwiGLU epilogue and the silu-mul on load; fp32
+    activations and odd row blocks run the fp32 fields (Q4_K PAIRS = 2, the others 1), and
+    so does Q6_K under the SwiGLU."""
     from g906.kernels.linear import kernel
 
     g = torch.Generator().manual_seed(70)
