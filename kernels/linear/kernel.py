@@ -1689,7 +1689,7 @@ def packed_matmul(x, pw, *, silu=False, glu=False, add_norm=None, rms_of=None, *
             PAIRS=c["PAIRS"], SILU=silu, WSPLIT=c["WSPLIT"], ONE_IMM=c["ONE_IMM"], CVT=c["CVT"],
             TOKEN_BLOCKS=T > bt, num_warps=warps, PRELOAD=preload, GLU=glu, ADD_NORM=zc,
             RMS_IN=rms_of is not None, BLOCK_P=next_pow2(p_in), **pdl,
-            **_add_norm_regs(x.device, zc, QT, c["PAIRS"]))
+            **_add_norm_regs(x.device, zc, QT, c["PAIRS"], preload))
         if split > 1:
             torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
         return (out, hn, ss_out) if add_norm is not None else out
@@ -1730,14 +1730,16 @@ def _pq_rows(qtype, c, forced: bool) -> int:
     return c["BLOCK_N"]
 
 
-def _add_norm_regs(device, add_norm, QT, pairs) -> dict:
+def _add_norm_regs(device, add_norm, QT, pairs, preload=0) -> dict:
     """Launch options of a packed GEMV ending with ADD_NORM: on CUDA a cap of 128 registers.
     ptxas gives the epilogue's kernel 168 (sm_90, Q4_K 8 rows folded scales: 96 without it;
     Q6_K 4 rows: 128), three 4-warp programs per SM where four or five fit (the 4096-row
-    projections then take two waves); at 128 neither spills. Not for Q4_K/Q4_0's unfolded
-    scales (PAIRS < 2), already at 168 without the epilogue (at 128: 8-84 bytes of spills)."""
+    projections then take two waves); at 128 neither spills. Not where 128 would spill: Q4_K /
+    Q4_0's unfolded scales (PAIRS < 2), already at 168 without the epilogue (at 128: 8-84
+    bytes), and Q6_K's packed fp16 without PRELOAD (152-212 bytes, some in the loop; with
+    PRELOAD, as the decode graphs launch it on sm_90, 128 and none)."""
     if (not add_norm or device.type != "cuda" or is_rocm()
-            or (QT in (1, 2) and pairs < 2)):
+            or (QT in (1, 2) and pairs < 2) or (QT == 4 and pairs == 3 and not preload)):
         return {}
     return {"maxnreg": 128}
 

@@ -95,3 +95,26 @@ def test_q5k_fields_in_packed_fp16():
     assert fp16["loop_mix"]["HFMA2"] >= 2 * 128            # 256 weights a thread: products + centring
     assert fp16["loop_mix"].get("PRMT", 0) <= 16 and fp16["loop_mix"].get("FFMA", 0) <= 32
     assert fp16["loop_per_weight"] <= fp32["loop_per_weight"] - 0.4
+
+
+def test_q6k_fields_in_packed_fp16():
+    """Q6_K with fp16 activations (PAIRS = 3) at 8 rows: its sums stay in the activations'
+    layout (the kernel's 0 * x4 anchor: without it every product went through shared memory),
+    and the loop takes fewer instructions a weight than the 4-row fp32 fields it replaces
+    (4.44 against 5.85; docs/PERF.md E25). Ending with the split norm it runs under the
+    128-register cap only where that does not spill (_add_norm_regs: the PRELOAD build)."""
+    import torch
+
+    from g906.kernels.linear.kernel import _add_norm_regs
+
+    fp32 = _run("--qtype", "Q6_K", "--rows", "4", "--warps", "1", "--wsplit")
+    cuda = torch.device("cuda")
+    for extra in ((), ("--add-norm",), ("--add-norm", "--pdl")):
+        cap = _add_norm_regs(cuda, "--add-norm" in extra, 4, 3, "--pdl" in extra).get("maxnreg")
+        assert cap == (128 if extra == ("--add-norm", "--pdl") else None)
+        more = ("--maxnreg", str(cap)) if cap else ()
+        fp16 = _run("--qtype", "Q6_K", "--rows", "8", "--warps", "4", "--pairs", "3", *extra, *more)
+        assert fp16["spill_bytes"] == 0, extra
+        assert not {"LDS", "STS", "BAR", "STSM", "LDSM"} & set(fp16["loop_mix"])
+        assert fp16["loop_mix"]["HFMA2"] >= 2 * 128        # 256 weights a thread: products + centring
+        assert fp16["loop_per_weight"] <= fp32["loop_per_weight"] - 1.0
