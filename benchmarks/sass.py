@@ -249,6 +249,7 @@ def analyse(args) -> dict:
     return {"kernel": fn.__name__, "qtype": args.qtype, "rows": args.rows, "warps": args.warps,
             "registers": int(regs.group(1)) if regs else None,
             "spill_bytes": int(spills.group(1)) if spills else 0,
+            "shared_bytes": ck.metadata.shared,
             "instructions": sum(ops.values()), "mix": dict(ops.most_common()),
             "loop_instructions": len(loop),
             "loop_per_weight": round(len(loop) / _weights_per_lane(args), 2) if loop else None,
@@ -312,7 +313,7 @@ def main() -> int:
         return 0
     print(f"{res['kernel']} {res['qtype']} rows={res['rows']} warps={res['warps']}: "
           f"{res['registers']} registers, {res['spill_bytes']} bytes spilled, "
-          f"{res['instructions']} instructions")
+          f"{res['shared_bytes']} bytes shared, {res['instructions']} instructions")
     print("  " + ", ".join(f"{k} {v}" for k, v in list(res["mix"].items())[:16]))
     if res["loop_instructions"]:
         print(f"  main loop: {res['loop_instructions']} instructions, {res['loop_per_weight']} per "

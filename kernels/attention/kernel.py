@@ -210,11 +210,16 @@ MIN_SPLIT = 32
 MIN_SPLIT_LONG = 256
 
 
+def uses_dot(device) -> bool:
+    """Whether decode scores query heads with tl.dot (CUDA) or the broadcast path."""
+    return device.type == "cuda" and not is_rocm()
+
+
 def _decode_config(q, k_cache, block_tables, num_kv, max_seq_len, block_n=None, per_sm=None,
                    min_split=None):
     B, Hq, D = q.shape
     G = Hq // num_kv
-    use_dot = q.device.type == "cuda" and not is_rocm()
+    use_dot = uses_dot(q.device)
     if use_dot:
         BLOCK_G = max(16, next_pow2(G))
         BLOCK_N = 64 if D <= 128 else 32

@@ -32,21 +32,32 @@ def _splits(splits):
     return {} if splits is None else {"num_splits": splits}
 
 
+@pytest.fixture(params=["default", "dot"])
+def decode_path(request, monkeypatch):
+    """The device's decode path, and (on the CPU) CUDA's tl.dot path under the interpreter,
+    which otherwise runs only on a GPU."""
+    if request.param == "dot":
+        from g906.kernels.attention import kernel
+        monkeypatch.setattr(kernel, "uses_dot", lambda device: True)
+    return request.param
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("splits", [None, 1, 3])
 @pytest.mark.parametrize("with_gate", [False, True])
-def test_paged_decode(dtype, splits, with_gate):
+def test_paged_decode(dtype, splits, with_gate, decode_path):
     _decode_matches_reference(10, 6, 2, 40, 8, [1, 37, 70], dtype, gated=with_gate, **_splits(splits))
 
 
 @pytest.mark.parametrize("splits", [None, 2])
-def test_paged_decode_many_query_heads_per_kv_head(splits):
-    """G = 6 (the 27B's), padded to 8 query rows: the broadcast path takes longer tiles there."""
+def test_paged_decode_many_query_heads_per_kv_head(splits, decode_path):
+    """G = 6 (the 27B's), padded to 8 query rows (16 on the tl.dot path): the broadcast path
+    takes longer tiles there."""
     _decode_matches_reference(17, 12, 2, 40, 8, [3, 45, 90], torch.float16, **_splits(splits))
 
 
 @pytest.mark.parametrize("splits", [None, 5, 16])
-def test_paged_decode_short_sequences_in_a_wide_table(splits):
+def test_paged_decode_short_sequences_in_a_wide_table(splits, decode_path):
     """Decode graphs size the block tables for max_model_len: sequences much shorter than the
     table share every split (each divides its own length), empty splits must weigh nothing."""
     _decode_matches_reference(15, 4, 2, 24, 4, [2, 19, 61, 5], torch.float32, wide=48, block_n=16,
