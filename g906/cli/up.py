@@ -36,6 +36,9 @@ from g906.errors import G906Error, UsageError
 
 log = logging.getLogger("g906.up")
 
+# Seconds in-flight requests get to finish after SIGTERM / Ctrl-C (`g906 up --drain-timeout`)
+DRAIN_TIMEOUT = 30.0
+
 
 # -- the pipeline's steps ------------------------------------------------------------------------
 
@@ -257,7 +260,8 @@ class _Server:
     """uvicorn.Server that drains on SIGINT/SIGTERM and then returns (no re-raised signal): a
     first signal stops accepting and lets in-flight requests finish; a second one forces exit."""
 
-    def __init__(self, app, sock: socket.socket, *, drain_timeout: float = 30.0, log_level: str = "warning"):
+    def __init__(self, app, sock: socket.socket, *, drain_timeout: float = DRAIN_TIMEOUT,
+                 log_level: str = "warning"):
         import uvicorn
 
         outer = self
@@ -305,9 +309,10 @@ class _Server:
 
 def serve_plan(plan, *, host: str | None = None, port: int | None = None, progress: bool = True,
                engine_overrides: dict | None = None, on_ready: Callable[[str], None] | None = None,
-               out=None) -> int:
+               out=None, drain_timeout: float = DRAIN_TIMEOUT) -> int:
     """Bind, load + warm up in the background (health 503 meanwhile), serve until a signal (or
-    until .stop() via on_ready's server), drain, and return the exit status (0)."""
+    until .stop() via on_ready's server), drain (in-flight requests get drain_timeout seconds
+    to finish), and return the exit status (0)."""
     from g906.server.app import ServerState, create_app
 
     out = out or console
@@ -320,7 +325,7 @@ def serve_plan(plan, *, host: str | None = None, port: int | None = None, progre
     sock = _bind(host, port)
     bound_port = sock.getsockname()[1]
     url = _url(host, bound_port)
-    server = _Server(app, sock)
+    server = _Server(app, sock, drain_timeout=drain_timeout)
     failure: list[BaseException] = []
     holder: dict[str, Any] = {}
 
@@ -388,7 +393,7 @@ def serve_plan(plan, *, host: str | None = None, port: int | None = None, progre
         _SERVERS.remove(server)
         aeng = holder.get("engine")
         if aeng is not None:
-            aeng.shutdown(drain_timeout=30.0)
+            aeng.shutdown(drain_timeout=drain_timeout)
         _close_model(holder.get("loaded"))
         sock.close()
     if failure:
@@ -411,7 +416,7 @@ def stop_all() -> None:
 
 def run_up(recipe: Path, *, dry_run: bool = False, skip_doctor: bool = False, port: int | None = None,
            host: str | None = None, as_json: bool = False, assume_yes: bool = False,
-           facts_file: Path | None = None) -> int:
+           facts_file: Path | None = None, drain_timeout: float = DRAIN_TIMEOUT) -> int:
     plan = load_and_resolve(recipe)                       # validate -> plan
     needs_facts = not skip_doctor or plan.tensor_parallel_size > 1
     if dry_run:
@@ -428,7 +433,7 @@ def run_up(recipe: Path, *, dry_run: bool = False, skip_doctor: bool = False, po
     if status is not None:                                # handed over to vLLM
         return status
     rccl_hook(plan, facts, assume_yes=assume_yes, dry_run=False)   # TP > 1 on gfx906
-    return serve_plan(plan, host=host, port=port)         # load -> warm up -> serve
+    return serve_plan(plan, host=host, port=port, drain_timeout=drain_timeout)   # load -> warm up -> serve
 
 
 def _setup_logging() -> None:
@@ -456,9 +461,13 @@ def register(app: typer.Typer) -> None:
                                  "(tensor_parallel_size > 1 on gfx906)."),
         facts: Path | None = typer.Option(None, "--facts", help="Use doctor facts recorded with "
                                           "`g906 doctor --collect FILE` instead of inspecting this machine."),
+        drain_timeout: float = typer.Option(DRAIN_TIMEOUT, "--drain-timeout", min=0.0,
+                                            help="Seconds in-flight requests get to finish after SIGTERM / "
+                                            "Ctrl-C; streams still running then end with a "
+                                            "server_shutting_down error event."),
     ) -> None:
         """Serve a recipe: validate, plan, check, load, warm up, and serve the OpenAI API."""
         _setup_logging()
         code = run_up(recipe, dry_run=dry_run, skip_doctor=skip_doctor, port=port, host=host, as_json=as_json,
-                      assume_yes=yes, facts_file=facts)
+                      assume_yes=yes, facts_file=facts, drain_timeout=drain_timeout)
         raise typer.Exit(code)

@@ -244,14 +244,20 @@ async def _until_disconnect(receive) -> None:
 
 class SSEResponse(Response):
     """Server-sent events from an async iterator of str events; stops (and so aborts the request)
-    as soon as the client disconnects, even while the engine has nothing new to send."""
+    as soon as the client disconnects, even while the engine has nothing new to send.
+
+    request_id names the stream in the log; requests are its engine streams (RequestStream), closed
+    (aborted) at once if the server cancels the response while it runs."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, events: AsyncIterator[str], headers: dict[str, str] | None = None):
+    def __init__(self, events: AsyncIterator[str], headers: dict[str, str] | None = None, *,
+                 request_id: str = "?", requests: list | tuple = ()):
         self.status_code = 200
         self.background = None
         self.events = events
+        self.request_id = request_id
+        self.requests = requests
         self.raw_headers = [
             (b"content-type", b"text/event-stream; charset=utf-8"),
             (b"cache-control", b"no-cache"),
@@ -262,7 +268,8 @@ class SSEResponse(Response):
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         watcher = asyncio.ensure_future(_until_disconnect(receive))
         it = self.events.__aiter__()
-        completed = False
+        nxt: asyncio.Future | None = None
+        completed = cut_off = False
         try:
             while True:
                 nxt = asyncio.ensure_future(it.__anext__())
@@ -285,10 +292,42 @@ class SSEResponse(Response):
                     await send({"type": "http.response.body", "body": b"", "more_body": False})
                 except OSError:
                     pass
+        except asyncio.CancelledError:
+            cut_off = True
+            await self._cut_off(send, nxt)
         finally:
             watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
-            await self.events.aclose()
+            if not cut_off:   # after a cut-off nothing more is awaited (see _cut_off)
+                await asyncio.gather(watcher, return_exceptions=True)
+                await self.events.aclose()
+
+    async def _cut_off(self, send, nxt: asyncio.Future | None) -> None:
+        """The server cancelled this response while it streamed: uvicorn does so when a stream outlasts
+        its graceful-shutdown period, and its event loop stops (cancelling every task once more) right
+        after. So: abort the engine request, end the stream with an error event and [DONE] if the
+        connection takes them without waiting, log one line, and return normally. Re-raising the
+        CancelledError would only make uvicorn log a traceback and drop the connection mid-chunk."""
+        asyncio.current_task().uncancel()    # handled here; lets asyncio.timeout below work as usual
+        for r in self.requests:
+            r.close()                        # the disconnect path's abort (RequestStream._cleanup), at once
+        if nxt is not None:
+            nxt.cancel()                     # unwinds the event generator; not awaited: the loop may be stopping
+        err = APIError(503, "the server is shutting down: this stream was still running when its drain "
+                            "period ended, so it was stopped", code="server_shutting_down")
+        sent = False
+        try:
+            # send() returns at once unless the client stopped reading (paused writes): bounded for that case
+            async with asyncio.timeout(1.0):
+                await send({"type": "http.response.body", "body": (_sse(err.body()) + "data: [DONE]\n\n").encode(),
+                            "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            sent = True
+        except (OSError, TimeoutError, asyncio.CancelledError):
+            pass   # the connection is gone or stuck; uvicorn closes it
+        log.warning("stream %s cut off: the server is shutting down and it outlasted the drain period; "
+                    "the request was aborted%s", self.request_id,
+                    ", the client was sent a server_shutting_down error" if sent else
+                    " (the client could not be told)")
 
 
 async def _race_disconnect(request: Request, coro):
@@ -424,7 +463,8 @@ async def chat_completions(request: Request) -> Response:
                prompt_text=prompt_text, logprobs=req.logprobs)
     if req.stream:
         opts = req.stream_options or P.StreamOptions()
-        return SSEResponse(_chat_stream(st, gen, ctx, opts), headers=_headers(ignored))
+        return SSEResponse(_chat_stream(st, gen, ctx, opts), headers=_headers(ignored), request_id=rid,
+                           requests=[gen])
     resp = await _race_disconnect(request, _chat_full(st, gen, ctx))
     if isinstance(resp, Response):
         return resp
@@ -563,7 +603,8 @@ async def completions(request: Request) -> Response:
     ctx = dict(rid=rid, created=P.now(), model=st.served_model_name, n=req.n, prompts=prompts)
     if req.stream:
         opts = req.stream_options or P.StreamOptions()
-        return SSEResponse(_completion_stream(st, req, gens, ctx, opts), headers=_headers(ignored))
+        return SSEResponse(_completion_stream(st, req, gens, ctx, opts), headers=_headers(ignored),
+                           request_id=rid, requests=gens)
     resp = await _race_disconnect(request, _completion_full(st, req, gens, ctx))
     if isinstance(resp, Response):
         return resp

@@ -76,12 +76,14 @@ def server_env() -> dict[str, str]:
     return env
 
 
-def start_server(tmp: Path, recipe_text: str, *, timeout: float = 180.0, ready: bool = True) -> Served:
+def start_server(tmp: Path, recipe_text: str, *, timeout: float = 180.0, ready: bool = True,
+                 drain_timeout: float | None = None) -> Served:
     recipe = tmp / "recipe.toml"
     recipe.write_text(recipe_text)
     err = tmp / "stderr.txt"
+    drain = [] if drain_timeout is None else ["--drain-timeout", str(drain_timeout)]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "g906", "up", str(recipe), "--port", "0", "--skip-doctor"],
+        [sys.executable, "-m", "g906", "up", str(recipe), "--port", "0", "--skip-doctor", *drain],
         stdout=subprocess.PIPE, stderr=open(err, "w"), text=True, env=server_env(), cwd=tmp,
     )
     lines: list[str] = []
