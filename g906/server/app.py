@@ -318,7 +318,7 @@ class SSEResponse(Response):
         try:
             # send() returns at once unless the client stopped reading (paused writes): bounded for that case
             async with asyncio.timeout(1.0):
-                await send({"type": "http.response.body", "body": (_sse(err.body()) + "data: [DONE]\n\n").encode(),
+                await send({"type": "http.response.body", "body": (_stream_error(err) + SSE_DONE).encode(),
                             "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             sent = True
@@ -344,6 +344,9 @@ async def _race_disconnect(request: Request, coro):
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)
+
+
+SSE_DONE = "data: [DONE]\n\n"     # a stream's last event
 
 
 def _sse(obj: BaseModel | dict) -> str:
@@ -545,7 +548,7 @@ async def _chat_stream(st: ServerState, gen, ctx, opts: P.StreamOptions) -> Asyn
     except Exception as exc:  # noqa: BLE001 - the status line is gone; report in the stream
         log.exception("chat stream failed")
         yield _stream_error(exc)
-    yield "data: [DONE]\n\n"
+    yield SSE_DONE
 
 
 # -- completions ---------------------------------------------------------------------------------
@@ -684,7 +687,7 @@ async def _completion_stream(st, req: P.CompletionRequest, gens, ctx, opts: P.St
     except Exception as exc:  # noqa: BLE001
         log.exception("completion stream failed")
         yield _stream_error(exc)
-    yield "data: [DONE]\n\n"
+    yield SSE_DONE
 
 
 # -- the rest -------------------------------------------------------------------------------------
