@@ -1106,7 +1106,8 @@ def _pq_step_loads(qs_ptr, qh_ptr, a_ptr, b_ptr, n3, n2, v3, w3, v2, sq, sh, sa,
 
 
 @triton.jit
-def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, sq, sh, sa, sb,
+def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx,
+                    sq: tl.constexpr, sh: tl.constexpr, sa: tl.constexpr, sb: tl.constexpr,
                     so, so_split, kw_len, one, r_ptr, sr, hn_ptr, anw_ptr, ss_out_ptr, ss_in_ptr,
                     P_in, eps_in,
                     QT: tl.constexpr, E: tl.constexpr, H: tl.constexpr,
@@ -1117,20 +1118,22 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx, 
                     CVT: tl.constexpr = False, TOKEN_BLOCKS: tl.constexpr = False,
                     PRELOAD: tl.constexpr = False, GLU: tl.constexpr = False,
                     ADD_NORM: tl.constexpr = 0, RMS_IN: tl.constexpr = False,
-                    BLOCK_P: tl.constexpr = 1):
+                    BLOCK_P: tl.constexpr = 1, EVEN_N: tl.constexpr = False):
     """The packed GEMV: rows block program_id(0), split-K part program_id(1)
     (_pq_gemv_program)."""
     _pq_gemv_program(tl.program_id(0), tl.program_id(1), x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr,
                      out_ptr, N, T, KW, sx, sq, sh, sa, sb, so, so_split, kw_len, one,
                      r_ptr, sr, hn_ptr, anw_ptr, ss_out_ptr, ss_in_ptr, P_in, eps_in, QT, E, H,
                      BLOCK_N, BLOCK_T, EVEN, PREFETCH, PAIRS, SILU, PDL, WSPLIT, ONE_IMM, CVT,
-                     TOKEN_BLOCKS, PRELOAD, GLU, ADD_NORM, RMS_IN, BLOCK_P)
+                     TOKEN_BLOCKS, PRELOAD, GLU, ADD_NORM, RMS_IN, BLOCK_P, EVEN_N)
 
 
 @triton.jit
 def _pq_gemv_pair_kernel(x_ptr, out_ptr, T, sx, so, one, progs, ss_in_ptr, P_in, eps_in,
-                         qs_ptr, qh_ptr, a_ptr, b_ptr, N, KW, sq, sh, sa, sb,
-                         qs2_ptr, qh2_ptr, a2_ptr, b2_ptr, N2, KW2, sq2, sh2, sa2, sb2,
+                         qs_ptr, qh_ptr, a_ptr, b_ptr, N, KW, sq: tl.constexpr,
+                         sh: tl.constexpr, sa: tl.constexpr, sb: tl.constexpr,
+                         qs2_ptr, qh2_ptr, a2_ptr, b2_ptr, N2, KW2, sq2: tl.constexpr,
+                         sh2: tl.constexpr, sa2: tl.constexpr, sb2: tl.constexpr,
                          QT: tl.constexpr, E: tl.constexpr, BLOCK_N: tl.constexpr,
                          EVEN: tl.constexpr, PREFETCH: tl.constexpr, PAIRS: tl.constexpr,
                          WSPLIT: tl.constexpr, PRELOAD: tl.constexpr,
@@ -1140,7 +1143,8 @@ def _pq_gemv_pair_kernel(x_ptr, out_ptr, T, sx, so, one, progs, ss_in_ptr, P_in,
                          H: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr = False,
                          ONE_IMM: tl.constexpr = False, CVT: tl.constexpr = False,
                          TOKEN_BLOCKS: tl.constexpr = False, RMS_IN: tl.constexpr = False,
-                         BLOCK_P: tl.constexpr = 1):
+                         BLOCK_P: tl.constexpr = 1, EVEN_N: tl.constexpr = False,
+                         EVEN_N2: tl.constexpr = False):
     """Two packed GEMVs of one input in one launch: programs [0, progs)
     compute the first weight's N rows into out[:, :N], the others the second's N2 rows into
     out[:, N:], each with its own type and rows per program (one split of K each; linear_pair).
@@ -1151,13 +1155,13 @@ def _pq_gemv_pair_kernel(x_ptr, out_ptr, T, sx, so, one, progs, ss_in_ptr, P_in,
                          sq, sh, sa, sb, so, 0, KW, one, x_ptr, 0, x_ptr, x_ptr, x_ptr, ss_in_ptr,
                          P_in, eps_in, QT, E, H, BLOCK_N, BLOCK_T, EVEN, PREFETCH, PAIRS, False,
                          PDL, WSPLIT, ONE_IMM, CVT, TOKEN_BLOCKS, PRELOAD, False, 0, RMS_IN,
-                         BLOCK_P)
+                         BLOCK_P, EVEN_N)
     else:
         _pq_gemv_program(pid - progs, 0, x_ptr, qs2_ptr, qh2_ptr, a2_ptr, b2_ptr, out_ptr + N,
                          N2, T, KW2, sx, sq2, sh2, sa2, sb2, so, 0, KW2, one, x_ptr, 0, x_ptr,
                          x_ptr, x_ptr, ss_in_ptr, P_in, eps_in, QT2, E2, H, BLOCK_N2, BLOCK_T,
                          EVEN2, PREFETCH2, PAIRS2, False, PDL, WSPLIT2, ONE_IMM, CVT,
-                         TOKEN_BLOCKS, PRELOAD2, False, 0, RMS_IN, BLOCK_P)
+                         TOKEN_BLOCKS, PRELOAD2, False, 0, RMS_IN, BLOCK_P, EVEN_N2)
 
 
 @triton.jit
@@ -1170,7 +1174,7 @@ def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr,
                      PDL: tl.constexpr, WSPLIT: tl.constexpr, ONE_IMM: tl.constexpr,
                      CVT: tl.constexpr, TOKEN_BLOCKS: tl.constexpr, PRELOAD: tl.constexpr,
                      GLU: tl.constexpr, ADD_NORM: tl.constexpr, RMS_IN: tl.constexpr,
-                     BLOCK_P: tl.constexpr):
+                     BLOCK_P: tl.constexpr, EVEN_N: tl.constexpr):
     """out[t, n] (or split-K partial pid_k) = x[t] . w[n] over words [pid_k * kw_len, +kw_len),
     for the BLOCK_T tokens of block program_id(2) (TOKEN_BLOCKS: there are several).
     GLU (one split): w is [gate; up], N rows, and out[t, r] = silu(x . w[r]) * (x . w[r + N/2])
@@ -1200,7 +1204,12 @@ def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr,
     Under PREFETCH or PRELOAD (set with PDL) the first iteration's weight planes are loaded
     before the PDL wait (they are constants: their stream starts while the kernel before
     finishes); PRELOAD peels that iteration, for programs of one to three iterations, which
-    PREFETCH would only slow (it loads each iteration's successor, the last its own again)."""
+    PREFETCH would only slow (it loads each iteration's successor, the last its own again).
+    The planes' row strides (sq, sh, sa, sb) are compile-time constants and, where the rows
+    fill every program (EVEN_N), each row's offset from the program's first row is too: every
+    load of a plane then takes one base address and an immediate per row (sm_90: Q4_K's loop
+    813 -> 771 instructions, no per-row address arithmetic; the 9B Q4_K_M decode 475.5 ->
+    492 tok/s, docs/PERF.md E27). Partial row blocks clamp their rows (read row 0) instead."""
     KX = KW * E
     EV: tl.constexpr = 4 * E
     if ONE_IMM:
@@ -1213,7 +1222,21 @@ def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr,
     else:
         nn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         nmask = nn < N
-    nc = tl.where(nmask, nn, 0).to(tl.int64)          # clamp: rows past N read row 0
+    # rows relative to the program's first (64-bit offsets, the strides constexpr: each row's
+    # address is one base plus an immediate, no per-row address arithmetic in the loop)
+    row0 = (pid_n * (BLOCK_N // 2 if GLU else BLOCK_N)).to(tl.int64)
+    qs_ptr += row0 * sq
+    qh_ptr += row0 * sh
+    a_ptr += row0 * sa
+    b_ptr += row0 * sb
+    if EVEN_N:   # (written as constants: nn - row0 would not fold)
+        jr = tl.arange(0, BLOCK_N)
+        if GLU:
+            nc = (jr // 2 + (jr % 2) * (N // 2)).to(tl.int64)
+        else:
+            nc = jr.to(tl.int64)
+    else:
+        nc = tl.where(nmask, nn, 0).to(tl.int64) - row0   # clamp: rows past N read row 0
     v = tl.arange(0, H)
     v3 = v[:, None, None]                             # [H, 1, 1]
     n3 = nc[None, :, None]                            # [1, BN, 1]
@@ -1689,6 +1712,7 @@ def packed_matmul(x, pw, *, silu=False, glu=False, add_norm=None, rms_of=None, *
             PAIRS=c["PAIRS"], SILU=silu, WSPLIT=c["WSPLIT"], ONE_IMM=c["ONE_IMM"], CVT=c["CVT"],
             TOKEN_BLOCKS=T > bt, num_warps=warps, PRELOAD=preload, GLU=glu, ADD_NORM=zc,
             RMS_IN=rms_of is not None, BLOCK_P=next_pow2(p_in), **pdl,
+            EVEN_N=(N // 2) % (BN // 2) == 0 if glu else N % BN == 0,
             **_add_norm_regs(x.device, zc, QT, c["PAIRS"], preload))
         if split > 1:
             torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
@@ -1807,7 +1831,7 @@ def linear_pair(x, w0, w1, *, rms_of=None):
         const = {k + suffix: v for k, v in dict(
             QT=PQ_QTYPES[w.qtype], E=PQ_E[w.qtype], BLOCK_N=c["BLOCK_N"], EVEN=c["EVEN"],
             PREFETCH=c["PREFETCH"], PAIRS=c["PAIRS"], WSPLIT=c["WSPLIT"],
-            PRELOAD=c["PRELOAD"]).items()}
+            PRELOAD=c["PRELOAD"], EVEN_N=w.shape[0] % c["BLOCK_N"] == 0).items()}
         return args, const
 
     args_a, const_a = seg(a, ca, "")

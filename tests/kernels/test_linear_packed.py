@@ -292,6 +292,31 @@ def test_linear_attention_decode_takes_its_gated_norm_from_the_step(monkeypatch)
     assert_close(gdn.ssm_state, ssm0, tol=1e-5)
 
 
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("cfg", [dict(H=8, BLOCK_N=4), dict(H=8, BLOCK_N=8, PRELOAD=True),
+                                 dict(H=4, BLOCK_N=4, SPLIT=2)])
+def test_packed_gemv_whole_row_blocks(qtype, cfg):
+    """Rows that fill every program (EVEN_N: each row's planes addressed from the program's
+    first row by a compile-time offset, no clamp): the plain GEMV, the SwiGLU epilogue (gate
+    and up rows I apart) and the two-weight launch equal their references; the odd row
+    counts of the other tests take the clamped path."""
+    from g906.kernels.linear import kernel
+
+    g = torch.Generator().manual_seed(90)
+    K, N = 1024, 16
+    w = qweight(N, K, qtype, 91)
+    p = repack.pack(w.data, qtype, w.shape)
+    x = randn(1, K, dtype=torch.float16, gen=g)
+    assert_close(packed_call(x, p, **cfg), registry.call_reference("linear", x, w))
+    if cfg.get("SPLIT", 1) == 1:
+        ref = registry.call_reference("linear_glu", x, w)
+        assert_close(kernel.packed_matmul(x, p, glu=True, **cfg), ref)
+    other = qweight(8, K, "Q4_K", 92)
+    got = registry.call_triton("linear_pair", x, p, repack.pack(other.data, "Q4_K", other.shape))
+    for o, ww in zip(got, (w, other)):
+        assert_close(o, registry.call_reference("linear", x, ww))
+
+
 @pytest.mark.parametrize("types", [("Q5_K", "Q4_K"), ("Q4_K", "Q6_K"), ("Q8_0", "Q4_0")])
 @pytest.mark.parametrize("K,T", [(512, 1), (2048, 1), (512, 3)])
 def test_linear_pair_one_launch(types, K, T):
