@@ -71,8 +71,23 @@ def _kernel_and_signature(args):
                             else 2 if args.qtype == "Q4_K" else 1),
                      SILU=False, PDL=args.pdl, WSPLIT=args.wsplit, ONE_IMM=args.one_imm, CVT=args.cvt,
                      TOKEN_BLOCKS=False, GLU=args.glu,
-                     PRELOAD=_preload(args), **norm)
+                     PRELOAD=_preload(args), EVEN_N=True, **norm, **_plane_strides(args))
     return _signature(fn, ptrs, const, ALIGNED, {"eps", "eps_in"})
+
+
+def _plane_strides(args) -> dict:
+    """The packed planes' row strides for rows of --k elements (compile-time constants of the
+    kernel), read off a one-row weight packed as the engine packs it."""
+    import torch
+
+    from g906.kernels.linear import kernel as K
+    from g906.kernels.linear import repack
+    from g906.kernels.linear.reference import BLOCKS
+
+    be, bb = BLOCKS[args.qtype]
+    raw = torch.zeros(1, args.k // be * bb, dtype=torch.uint8)
+    planes = K._pq_args(repack.pack(raw, args.qtype, (1, args.k)))
+    return {name: p.stride(0) for name, p in zip(("sq", "sh", "sa", "sb"), planes)}
 
 
 def _preload(args) -> int:
@@ -267,6 +282,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--head-dim", type=int, default=256, help="ATTN: head dim")
     ap.add_argument("--rows", type=int, default=8, help="BLOCK_N")
     ap.add_argument("--warps", type=int, default=4)
+    ap.add_argument("--k", type=int, default=4096, help="packed: the row length K")
     ap.add_argument("--block-k", type=int, default=512, help="F16 only")
     ap.add_argument("--prefetch", action="store_true", help="packed: PREFETCH")
     ap.add_argument("--wsplit", action="store_true",
