@@ -85,6 +85,25 @@ def test_q4k_fields_in_packed_fp16():
     assert fp16["loop_per_weight"] <= fp32["loop_per_weight"] - 0.4
 
 
+def test_packed_gemv_rows_addressed_by_immediates():
+    """With the planes' row strides compile-time constants and whole row blocks, every row's
+    load is the program's base plus an immediate: no per-row address arithmetic (IMAD.WIDE) in
+    the loop, one load per row and plane (docs/PERF.md E27: 813 -> 771 instructions). The
+    gate/up GEMV (SwiGLU epilogue) runs under _launch_regs' cap of 96 without spilling."""
+    import torch
+
+    from g906.kernels.linear.kernel import _launch_regs
+
+    res = _run("--qtype", "Q4_K", "--rows", "8", "--warps", "4", "--pairs", "3", "--pdl",
+               "--k", "12288")
+    assert "IMAD" not in res["loop_mix"] and res["loop_mix"]["LDG"] == 32   # 8 rows x 3 planes + 8 x
+    assert res["loop_per_weight"] <= 3.05
+    cap = _launch_regs(torch.device("cuda"), 0, True, 2, 3, True)["maxnreg"]
+    glu = _run("--qtype", "Q4_K", "--rows", "8", "--warps", "2", "--pairs", "3", "--pdl", "--glu",
+               "--rms-in", "--maxnreg", str(cap))
+    assert glu["registers"] <= cap and glu["spill_bytes"] == 0
+
+
 def test_q5k_fields_in_packed_fp16():
     """Q5_K with fp16 activations (PAIRS = 3): the 5-bit bytes of two rows in one register, an
     HFMA2 a product, fewer loop instructions a weight than its fp32 fields at the same rows
@@ -102,15 +121,15 @@ def test_q6k_fields_in_packed_fp16():
     layout (the kernel's 0 * x4 anchor: without it every product went through shared memory),
     and the loop takes fewer instructions a weight than the 4-row fp32 fields it replaces
     (4.44 against 5.85; docs/PERF.md E25). Ending with the split norm it runs under the
-    128-register cap only where that does not spill (_add_norm_regs: the PRELOAD build)."""
+    128-register cap only where that does not spill (_launch_regs: the PRELOAD build)."""
     import torch
 
-    from g906.kernels.linear.kernel import _add_norm_regs
+    from g906.kernels.linear.kernel import _launch_regs
 
     fp32 = _run("--qtype", "Q6_K", "--rows", "4", "--warps", "1", "--wsplit")
     cuda = torch.device("cuda")
     for extra in ((), ("--add-norm",), ("--add-norm", "--pdl")):
-        cap = _add_norm_regs(cuda, "--add-norm" in extra, 4, 3, "--pdl" in extra).get("maxnreg")
+        cap = _launch_regs(cuda, "--add-norm" in extra, False, 4, 3, "--pdl" in extra).get("maxnreg")
         assert cap == (128 if extra == ("--add-norm", "--pdl") else None)
         more = ("--maxnreg", str(cap)) if cap else ()
         fp16 = _run("--qtype", "Q6_K", "--rows", "8", "--warps", "4", "--pairs", "3", *extra, *more)
