@@ -26,6 +26,13 @@ def qweight(rows, cols, qtype, seed):
     return QuantizedTensor(random_blocks(rows, cols, qtype, seed).to(DEVICE), qtype, (rows, cols))
 
 
+def packed_case(N, K, qtype, wseed, T, xseed):
+    """(weight, its packed planes, fp16 activations [T, K]) of a random GEMV case."""
+    w = qweight(N, K, qtype, wseed)
+    x = randn(T, K, dtype=torch.float16, gen=torch.Generator().manual_seed(xseed))
+    return w, repack.pack(w.data, qtype, w.shape), x
+
+
 def packed_call(x, p, **cfg):
     from g906.kernels.linear import kernel
 
@@ -94,11 +101,7 @@ def test_packed_gemv_configs(qtype, T, cfg):
 @pytest.mark.parametrize("cfg", [dict(DOT=True), dict(DOT=True, SPLIT=3, BLOCK_N=8)])
 def test_packed_dot_path_few_rows(qtype, cfg):
     # the tensor-core path CUDA takes for T = 2..16 in fp16 (BLOCK_M = 16), split K with tails
-    g = torch.Generator().manual_seed(54)
-    N, K = 11, 768
-    w = qweight(N, K, qtype, 16)
-    p = repack.pack(w.data, qtype, w.shape)
-    x = randn(5, K, dtype=torch.float16, gen=g)
+    w, p, x = packed_case(11, 768, qtype, 16, 5, 54)
     assert_close(packed_call(x, p, **cfg), registry.call_reference("linear", x, w))
 
 
@@ -302,11 +305,8 @@ def test_packed_gemv_whole_row_blocks(qtype, cfg):
     counts of the other tests take the clamped path."""
     from g906.kernels.linear import kernel
 
-    g = torch.Generator().manual_seed(90)
-    K, N = 1024, 16
-    w = qweight(N, K, qtype, 91)
-    p = repack.pack(w.data, qtype, w.shape)
-    x = randn(1, K, dtype=torch.float16, gen=g)
+    w, p, x = packed_case(16, 1024, qtype, 91, 1, 90)
+    K = w.shape[1]
     assert_close(packed_call(x, p, **cfg), registry.call_reference("linear", x, w))
     if cfg.get("SPLIT", 1) == 1:
         ref = registry.call_reference("linear_glu", x, w)
