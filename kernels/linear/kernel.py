@@ -1712,7 +1712,7 @@ def packed_matmul(x, pw, *, silu=False, glu=False, add_norm=None, rms_of=None, *
             PAIRS=c["PAIRS"], SILU=silu, WSPLIT=c["WSPLIT"], ONE_IMM=c["ONE_IMM"], CVT=c["CVT"],
             TOKEN_BLOCKS=T > bt, num_warps=warps, PRELOAD=preload, GLU=glu, ADD_NORM=zc,
             RMS_IN=rms_of is not None, BLOCK_P=next_pow2(p_in), **pdl,
-            EVEN_N=(N // 2) % (BN // 2) == 0 if glu else N % BN == 0,
+            EVEN_N=_whole_row_blocks(N, BN, glu),
             **_launch_regs(x.device, zc, glu, QT, c["PAIRS"], preload))
         if split > 1:
             torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
@@ -1756,24 +1756,30 @@ def _pq_rows(qtype, c, forced: bool) -> int:
 
 def _launch_regs(device, add_norm, glu, QT, pairs, preload=0) -> dict:
     """Launch options of a packed GEMV on CUDA: a register cap where ptxas's own choice costs
-    resident programs. Q4_K's SwiGLU epilogue in packed fp16 (the gate/up GEMV): 96, as before
-    the compile-time row offsets, which let ptxas take 128 (sm_90, 8 rows x 2 warps: ten
-    programs per SM instead of eight; at 96 no spills, 817 loop instructions against 786):
-    the 9B Q4_K_M decode 491.6 / 492.8 -> 502.2 / 501.8 tok/s (H200, docs/PERF.md E27).
-    ADD_NORM: 128.
-    ptxas gives the epilogue's kernel 168 (sm_90, Q4_K 8 rows folded scales: 96 without it;
-    ptxas gives the epilogue's kernel 168 (sm_90, Q4_K 8 rows folded scales: 96 without it;
-    Q6_K 4 rows: 128), three 4-warp programs per SM where four or five fit (the 4096-row
-    projections then take two waves); at 128 neither spills. Not where 128 would spill: Q4_K /
-    Q4_0's unfolded scales (PAIRS < 2), already at 168 without the epilogue (at 128: 8-84
-    bytes), and Q6_K's packed fp16 without PRELOAD (152-212 bytes, some in the loop; with
-    PRELOAD, as the decode graphs launch it on sm_90, 128 and none)."""
-    if glu and QT == 2 and pairs == 3 and device.type == "cuda" and not is_rocm():
+    resident programs, and only where the cap does not spill.
+    - Q4_K's SwiGLU epilogue in packed fp16 (the gate/up GEMV): 96. With the compile-time row
+      offsets ptxas takes 128 (sm_90, 8 rows x 2 warps: eight programs per SM instead of ten);
+      at 96 no spills, 817 loop instructions against 786, and the 9B Q4_K_M decode 491.6 /
+      492.8 -> 502.2 / 501.8 tok/s (H200, docs/PERF.md E27).
+    - ADD_NORM: 128. ptxas gives the epilogue's kernel 168 (sm_90, Q4_K 8 rows folded scales:
+      96 without it; Q6_K 4 rows: 128), three 4-warp programs per SM where four or five fit
+      (the 4096-row projections then take two waves); at 128 neither spills. Not where 128
+      would spill: Q4_K / Q4_0's unfolded scales (PAIRS < 2), already at 168 without the
+      epilogue (at 128: 8-84 bytes), and Q6_K's packed fp16 without PRELOAD (152-212 bytes,
+      some in the loop; with PRELOAD, as the decode graphs launch it on sm_90, 128 and none)."""
+    if device.type != "cuda" or is_rocm():
+        return {}
+    if glu and QT == 2 and pairs == 3:
         return {"maxnreg": 96}
-    if (not add_norm or device.type != "cuda" or is_rocm()
-            or (QT in (1, 2) and pairs < 2) or (QT == 4 and pairs == 3 and not preload)):
+    if not add_norm or (QT in (1, 2) and pairs < 2) or (QT == 4 and pairs == 3 and not preload):
         return {}
     return {"maxnreg": 128}
+
+
+def _whole_row_blocks(N, block_n, glu=False) -> bool:
+    """EVEN_N of a packed GEMV: its rows fill every program (GLU: the gate rows, N / 2, fill
+    the programs' block_n / 2), so row offsets are compile-time constants (_pq_gemv_program)."""
+    return (N // 2) % (block_n // 2) == 0 if glu else N % block_n == 0
 
 
 def _pq_loop_flags(KW, kw_len, H, prefetch, preload):
@@ -1839,7 +1845,7 @@ def linear_pair(x, w0, w1, *, rms_of=None):
         const = {k + suffix: v for k, v in dict(
             QT=PQ_QTYPES[w.qtype], E=PQ_E[w.qtype], BLOCK_N=c["BLOCK_N"], EVEN=c["EVEN"],
             PREFETCH=c["PREFETCH"], PAIRS=c["PAIRS"], WSPLIT=c["WSPLIT"],
-            PRELOAD=c["PRELOAD"], EVEN_N=w.shape[0] % c["BLOCK_N"] == 0).items()}
+            PRELOAD=c["PRELOAD"], EVEN_N=_whole_row_blocks(w.shape[0], c["BLOCK_N"])).items()}
         return args, const
 
     args_a, const_a = seg(a, ca, "")
