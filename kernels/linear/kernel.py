@@ -854,6 +854,14 @@ def _row_pair_words(words, H: tl.constexpr, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _swap_row_halves(words, H: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Words [H, BN, 4] of row-paired Q4_K (repack.py, row_pairs) <-> the rows' own words:
+    _row_pair_words, interleaved back into rows (it is its own inverse)."""
+    lo, hi = _row_pair_words(words, H, BLOCK_N)
+    return tl.reshape(tl.permute(tl.join(lo, hi), [0, 1, 3, 2]), [H, BLOCK_N, 4])
+
+
+@triton.jit
 def _row_pair_sums(ph, H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr):
     """fp16 products [H, BT, BN / 2, 4 words, 2 rows] -> each row's sum in fp32 [H, BT, BN]."""
     w0, w1, w2, w3 = _split4(tl.permute(ph, [0, 1, 2, 4, 3]))
@@ -946,9 +954,13 @@ def _split_field_fma(p, c0, c1, c2, c3, h0, h1, h2, h3, J: tl.constexpr, x0, x1,
 def _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w3, one,
                    QT: tl.constexpr, E: tl.constexpr, H: tl.constexpr, BLOCK_T: tl.constexpr,
                    BLOCK_N: tl.constexpr, PAIRS: tl.constexpr, SILU: tl.constexpr,
-                   WSPLIT: tl.constexpr, CVT: tl.constexpr):
+                   WSPLIT: tl.constexpr, CVT: tl.constexpr, ROWPAIRED: tl.constexpr = False):
     """acc [H, BT, BN] + each thread's vector of every row (words [H, BN, 4], high bits,
-    raw scales) dotted with its activations (_pq_gemv_kernel's loop body after the loads)."""
+    raw scales) dotted with its activations (_pq_gemv_kernel's loop body after the loads).
+    ROWPAIRED: Q4_K words stored row-paired (repack.py): packed fp16 takes them as they are,
+    the other paths swap them back into rows."""
+    if ROWPAIRED and PAIRS != 3:
+        words = _swap_row_halves(words, H, BLOCK_N)
     if QT == 0 and CVT:
         words = words ^ -2139062144         # 0x80808080: q + 128 in each byte, unsigned
     if QT == 3:
@@ -964,11 +976,16 @@ def _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w
     if PAIRS == 3:
         # fields in packed fp16 (Q4_K / Q5_K / Q6_K, below): two rows' words regrouped so one
         # int32 holds the same fields of both (_row_pair_words; Q5_K / Q6_K: their even
-        # fields' byte words, and the odd ones' from hi). 0x64006400 (fp16 1024 in both
+        # fields' byte words, and the odd ones' from hi; Q4_K off ROCm is stored so,
+        # ROWPAIRED: sm_90 loop at 8 rows 767 -> 703 instructions, docs/PERF.md E28). 0x64006400 (fp16 1024 in both
         # halves) from the run-time `one` (0x3F800000): a register, so each field's mask and
         # it fit one LOP3 (two immediates would not)
         magic = one ^ 0x5B806400
-        pair_lo, pair_hi = _row_pair_words(words, H, BLOCK_N)
+        if ROWPAIRED:   # stored that way (repack.py): the loads are the pairs
+            pair_lo, pair_hi = tl.split(tl.permute(tl.reshape(words, [H, BLOCK_N // 2, 2, 4]),
+                                                   [0, 1, 3, 2]))
+        else:
+            pair_lo, pair_hi = _row_pair_words(words, H, BLOCK_N)
         odd_lo, odd_hi = pair_lo, pair_hi
         if QT != 2:
             odd_lo, odd_hi = _row_pair_words(hi, H, BLOCK_N)
@@ -1015,7 +1032,8 @@ def _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w
             ph += fa[:, None] * xa[:, :, :, :, None]
             ph += fb[:, None] * xb[:, :, :, :, None]
         # sum(q / 2^b x) = ps + X / 2; DS = 2^b d sc (b = 4, 5)
-        acc += DS[:, None] * (_row_pair_sums(ph, H, BLOCK_T, BLOCK_N) + 0.5 * X) - DM[:, None] * X
+        acc += DS[:, None] * (_row_pair_sums(ph, H, BLOCK_T, BLOCK_N) + 0.5 * X)
+        acc -= DM[:, None] * X
     elif QT == 2 and PAIRS == 2:
         # Q4_K, fields two at a time as below, with the scales folded: the f = 1 parts of
         # the sums (16 x for even fields, x for odd: M) and sum(x) (X) are per thread, shared
@@ -1106,6 +1124,24 @@ def _pq_step_loads(qs_ptr, qh_ptr, a_ptr, b_ptr, n3, n2, v3, w3, v2, sq, sh, sa,
 
 
 @triton.jit
+def _glu_row(j, ROWPAIRED: tl.constexpr):
+    """The output row (from the program's first) of a GLU GEMV's weight row j: rows go gate,
+    up of one output row, or (ROWPAIRED: the stored pairs stay pairs) gate, gate, up, up of
+    two."""
+    if ROWPAIRED:
+        return j // 4 * 2 + j % 2
+    return j // 2
+
+
+@triton.jit
+def _glu_up(j, ROWPAIRED: tl.constexpr):
+    """1 where a GLU GEMV's weight row j is an up row (_glu_row)."""
+    if ROWPAIRED:
+        return (j // 2) % 2
+    return j % 2
+
+
+@triton.jit
 def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx,
                     sq: tl.constexpr, sh: tl.constexpr, sa: tl.constexpr, sb: tl.constexpr,
                     so, so_split, kw_len, one, r_ptr, sr, hn_ptr, anw_ptr, ss_out_ptr, ss_in_ptr,
@@ -1118,14 +1154,15 @@ def _pq_gemv_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, T, KW, sx,
                     CVT: tl.constexpr = False, TOKEN_BLOCKS: tl.constexpr = False,
                     PRELOAD: tl.constexpr = False, GLU: tl.constexpr = False,
                     ADD_NORM: tl.constexpr = 0, RMS_IN: tl.constexpr = False,
-                    BLOCK_P: tl.constexpr = 1, EVEN_N: tl.constexpr = False):
+                    BLOCK_P: tl.constexpr = 1, EVEN_N: tl.constexpr = False,
+                    ROWPAIRED: tl.constexpr = False):
     """The packed GEMV: rows block program_id(0), split-K part program_id(1)
     (_pq_gemv_program)."""
     _pq_gemv_program(tl.program_id(0), tl.program_id(1), x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr,
                      out_ptr, N, T, KW, sx, sq, sh, sa, sb, so, so_split, kw_len, one,
                      r_ptr, sr, hn_ptr, anw_ptr, ss_out_ptr, ss_in_ptr, P_in, eps_in, QT, E, H,
                      BLOCK_N, BLOCK_T, EVEN, PREFETCH, PAIRS, SILU, PDL, WSPLIT, ONE_IMM, CVT,
-                     TOKEN_BLOCKS, PRELOAD, GLU, ADD_NORM, RMS_IN, BLOCK_P, EVEN_N)
+                     TOKEN_BLOCKS, PRELOAD, GLU, ADD_NORM, RMS_IN, BLOCK_P, EVEN_N, ROWPAIRED)
 
 
 @triton.jit
@@ -1144,7 +1181,8 @@ def _pq_gemv_pair_kernel(x_ptr, out_ptr, T, sx, so, one, progs, ss_in_ptr, P_in,
                          ONE_IMM: tl.constexpr = False, CVT: tl.constexpr = False,
                          TOKEN_BLOCKS: tl.constexpr = False, RMS_IN: tl.constexpr = False,
                          BLOCK_P: tl.constexpr = 1, EVEN_N: tl.constexpr = False,
-                         EVEN_N2: tl.constexpr = False):
+                         EVEN_N2: tl.constexpr = False, ROWPAIRED: tl.constexpr = False,
+                         ROWPAIRED2: tl.constexpr = False):
     """Two packed GEMVs of one input in one launch: programs [0, progs)
     compute the first weight's N rows into out[:, :N], the others the second's N2 rows into
     out[:, N:], each with its own type and rows per program (one split of K each; linear_pair).
@@ -1155,13 +1193,13 @@ def _pq_gemv_pair_kernel(x_ptr, out_ptr, T, sx, so, one, progs, ss_in_ptr, P_in,
                          sq, sh, sa, sb, so, 0, KW, one, x_ptr, 0, x_ptr, x_ptr, x_ptr, ss_in_ptr,
                          P_in, eps_in, QT, E, H, BLOCK_N, BLOCK_T, EVEN, PREFETCH, PAIRS, False,
                          PDL, WSPLIT, ONE_IMM, CVT, TOKEN_BLOCKS, PRELOAD, False, 0, RMS_IN,
-                         BLOCK_P, EVEN_N)
+                         BLOCK_P, EVEN_N, ROWPAIRED)
     else:
         _pq_gemv_program(pid - progs, 0, x_ptr, qs2_ptr, qh2_ptr, a2_ptr, b2_ptr, out_ptr + N,
                          N2, T, KW2, sx, sq2, sh2, sa2, sb2, so, 0, KW2, one, x_ptr, 0, x_ptr,
                          x_ptr, x_ptr, ss_in_ptr, P_in, eps_in, QT2, E2, H, BLOCK_N2, BLOCK_T,
                          EVEN2, PREFETCH2, PAIRS2, False, PDL, WSPLIT2, ONE_IMM, CVT,
-                         TOKEN_BLOCKS, PRELOAD2, False, 0, RMS_IN, BLOCK_P, EVEN_N2)
+                         TOKEN_BLOCKS, PRELOAD2, False, 0, RMS_IN, BLOCK_P, EVEN_N2, ROWPAIRED2)
 
 
 @triton.jit
@@ -1174,11 +1212,16 @@ def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr,
                      PDL: tl.constexpr, WSPLIT: tl.constexpr, ONE_IMM: tl.constexpr,
                      CVT: tl.constexpr, TOKEN_BLOCKS: tl.constexpr, PRELOAD: tl.constexpr,
                      GLU: tl.constexpr, ADD_NORM: tl.constexpr, RMS_IN: tl.constexpr,
-                     BLOCK_P: tl.constexpr, EVEN_N: tl.constexpr):
+                     BLOCK_P: tl.constexpr, EVEN_N: tl.constexpr,
+                     ROWPAIRED: tl.constexpr = False):
     """out[t, n] (or split-K partial pid_k) = x[t] . w[n] over words [pid_k * kw_len, +kw_len),
     for the BLOCK_T tokens of block program_id(2) (TOKEN_BLOCKS: there are several).
     GLU (one split): w is [gate; up], N rows, and out[t, r] = silu(x . w[r]) * (x . w[r + N/2])
-    for r < N/2: a program's rows are BLOCK_N / 2 such pairs, interleaved gate, up.
+    for r < N/2: a program's rows are BLOCK_N / 2 such pairs, interleaved gate, up (ROWPAIRED:
+    two gate rows then their up rows, _glu_row).
+    ROWPAIRED: Q4_K's words stored as row pairs (repack.py): the fp16 fields (PAIRS = 3) take
+    them as loaded, the other paths swap them back (_pq_vector_dot); BLOCK_N is even (GLU: a
+    multiple of 4; packed_matmul) so that programs hold whole pairs.
     ADD_NORM / RMS_IN (one split): the RMSNorm split over two GEMVs (residual_norm.py): out is
     h = y + residual, with hn and the program's partial sums of h * h (ADD_NORM; 2: the weight
     zero-centred), or x is such an hn and each token's sums are scaled by 1 / rms from its P_in
@@ -1216,8 +1259,8 @@ def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr,
         one = 0x3F800000
     if GLU:
         jj = tl.arange(0, BLOCK_N)
-        nr = pid_n * (BLOCK_N // 2) + jj // 2         # the output row of each weight row
-        nn = nr + (jj % 2) * (N // 2)
+        nr = pid_n * (BLOCK_N // 2) + _glu_row(jj, ROWPAIRED)   # each weight row's output row
+        nn = nr + _glu_up(jj, ROWPAIRED) * (N // 2)
         nmask = nr < N // 2
     else:
         nn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -1232,7 +1275,7 @@ def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr,
     if EVEN_N:   # (written as constants: nn - row0 would not fold)
         jr = tl.arange(0, BLOCK_N)
         if GLU:
-            nc = (jr // 2 + (jr % 2) * (N // 2)).to(tl.int64)
+            nc = (_glu_row(jr, ROWPAIRED) + _glu_up(jr, ROWPAIRED) * (N // 2)).to(tl.int64)
         else:
             nc = jr.to(tl.int64)
     else:
@@ -1274,7 +1317,7 @@ def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr,
     first = kwbeg
     if PRELOAD and not PREFETCH:
         acc = _pq_vector_dot(acc, w0, h0, a0, b0, a10, x_ptr, xrow, kwbeg * E, xoff, xm0, KX, w3,
-                             one, QT, E, H, BLOCK_T, BLOCK_N, PAIRS, SILU, WSPLIT, CVT)
+                             one, QT, E, H, BLOCK_T, BLOCK_N, PAIRS, SILU, WSPLIT, CVT, ROWPAIRED)
         first = kwbeg + H * 4
     for kw in range(first, kwend, H * 4):      # vector 0 of every iteration is in the row
         k0 = kw * E
@@ -1291,7 +1334,7 @@ def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr,
                                                         w3, v2, sq, sh, sa, sb, kw, kwend, tm,
                                                         QT, E, EVEN)
         acc = _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w3, one,
-                             QT, E, H, BLOCK_T, BLOCK_N, PAIRS, SILU, WSPLIT, CVT)
+                             QT, E, H, BLOCK_T, BLOCK_N, PAIRS, SILU, WSPLIT, CVT, ROWPAIRED)
     res = tl.sum(acc, axis=0)                                               # [BT, BN]
     # the norm's operands after the loop, unlike the dense GEMV: held through it they took
     # registers (sm_90: Q4_K GLU 96 -> 128, Q5_K 123 -> 152), and the H200 measured the 9B
@@ -1300,6 +1343,9 @@ def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr,
         parts = rms_partials(ss_in_ptr, P_in, tt, T, BLOCK_T, BLOCK_P)
         res = res * rms_scale(parts, KX, eps_in)[:, None]
     if GLU:   # the sums of the gate and the up row side by side: silu(gate) * up, in fp32
+        if ROWPAIRED:   # gate rows r, r + 1, then their up rows
+            res = tl.reshape(tl.permute(tl.reshape(res, [BLOCK_T, BLOCK_N // 4, 2, 2]),
+                                        [0, 1, 3, 2]), [BLOCK_T, BLOCK_N // 2, 2])
         g, u = tl.split(tl.reshape(res, [BLOCK_T, BLOCK_N // 2, 2]))
         res = g * tl.sigmoid(g) * u
         nn = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
@@ -1316,7 +1362,7 @@ def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr,
 def _pq_gemm_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, M, N, KW, sx, sq, sh, sa, sb,
                     so, so_split, kw_len, one, QT: tl.constexpr, E: tl.constexpr,
                     H: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    FP32: tl.constexpr):
+                    FP32: tl.constexpr, ROWPAIRED: tl.constexpr = False):
     """Prefill (and decode T = 2..16 on CUDA, BLOCK_M = 16): per field j, the [BN, 4H] weights
     (w = A f + B) times the matching [BM, 4H] activations with tl.dot (the K terms may come
     in any order). Program (m, n, k) covers words [k * kw_len, +kw_len) (split K)."""
@@ -1344,6 +1390,9 @@ def _pq_gemm_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, M, N, KW, sx, 
         k0 = kw * E
         vm3 = (kw + v3 * 4) < kwend
         words = tl.load(qs_ptr + n3 * sq + (kw + v3 * 4 + w3), mask=vm3, other=0)
+        if ROWPAIRED:   # [BN, H, 4]: rows first here
+            words = tl.permute(_swap_row_halves(tl.permute(words, [1, 0, 2]), H, BLOCK_N),
+                               [1, 0, 2])
         if QT == 3:
             hi = tl.load(qh_ptr + n3 * sh + (kw // 4 + (v3 * 4 + w3) // 4), mask=vm3, other=0)
         elif QT == 4:
@@ -1380,7 +1429,7 @@ def _pq_gemm_kernel(x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, M, N, KW, sx, 
 @triton.jit
 def _pq_dequant_kernel(qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, KW, sq, sh, sa, sb, so, one,
                        QT: tl.constexpr, E: tl.constexpr, H: tl.constexpr, BLOCK_N: tl.constexpr,
-                       FIELD_MAJOR: tl.constexpr):
+                       FIELD_MAJOR: tl.constexpr, ROWPAIRED: tl.constexpr = False):
     """The dense weights of rows [BLOCK_N] over H vectors: element 4j + w of a vector is field j
     of its word w, worth A * f + B (the GEMV's A * sum(f x) + B * sum(x), per x).
     FIELD_MAJOR: column j * KW + (word index) instead of the natural one, so that each field's
@@ -1396,6 +1445,8 @@ def _pq_dequant_kernel(qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr, N, KW, sq, sh, sa,
     kw = tl.program_id(1) * H * 4
     vm3 = (kw + v3 * 4) < KW
     words = tl.load(qs_ptr + n3 * sq + (kw + v3 * 4 + w3), mask=vm3, other=0)
+    if ROWPAIRED:
+        words = _swap_row_halves(words, H, BLOCK_N)
     if QT == 3:
         hi = tl.load(qh_ptr + n3 * sh + (kw // 4 + (v3 * 4 + w3) // 4), mask=vm3, other=0).to(tl.int32)
         words, hi = _q5_bytes(words, hi, w3)
@@ -1440,12 +1491,13 @@ def packed_to_dense(pw, dtype=torch.float16, rows: tuple[int, int] | None = None
         return out
     # row r0 of every plane: plane views start there (planes are [N, ...] row-major)
     qs, qh, a, b = (t[r0:] for t in (qs, qh, a, b))
+    assert not (pw.row_pairs and r0 % 2), "row-paired weights start at even rows"
     H, BN = 32, 4
     KW = K // E
     _pq_dequant_kernel[(triton.cdiv(r1 - r0, BN), triton.cdiv(KW, 4 * H))](
         qs, qh, a, b, out, r1 - r0, KW, qs.stride(0), qh.stride(0), a.stride(0), b.stride(0),
         out.stride(0), 0x3F800000, QT=QT, E=E, H=H, BLOCK_N=BN, FIELD_MAJOR=field_major,
-        num_warps=4)
+        ROWPAIRED=pw.row_pairs, num_warps=4)
     return out
 
 
@@ -1670,13 +1722,17 @@ def packed_matmul(x, pw, *, silu=False, glu=False, add_norm=None, rms_of=None, *
         c.update(cfg)
         c["PAIRS"] = _pq_pairs(x, qt, c, "PAIRS" in cfg, glu)
         c["BLOCK_N"] = _pq_rows(qt, c, "BLOCK_N" in cfg)
+        if pw.row_pairs:   # whole stored pairs a program; GLU: a gate pair and its up pair
+            c["BLOCK_N"] = -(-c["BLOCK_N"] // (4 if glu else 2)) * (4 if glu else 2)
         BN, warps, split = c["BLOCK_N"], c["num_warps"], c["SPLIT"]
         H = c.get("H") or warp_size(x.device) * warps
         KW = K // E
         kw_len, split = _pq_splits(KW, split)
         # the silu of GLU, the residual add and the 1 / rms need whole sums; GLU pairs rows
         whole = glu or add_norm is not None or rms_of is not None
-        gemv = not (glu and BN % 2) and (split == 1 or not whole)
+        # (row-paired GLU: an odd number of gate rows would put a pair across gate and up)
+        gemv = (not (glu and (BN % 2 or (pw.row_pairs and (N // 2) % 2)))
+                and (split == 1 or not whole))
     if not gemv and (add_norm is not None or rms_of is not None):
         return _around(functools.partial(packed_matmul, silu=silu, glu=glu, DOT=dot), x, pw,
                        add_norm, rms_of, **cfg)
@@ -1712,7 +1768,7 @@ def packed_matmul(x, pw, *, silu=False, glu=False, add_norm=None, rms_of=None, *
             PAIRS=c["PAIRS"], SILU=silu, WSPLIT=c["WSPLIT"], ONE_IMM=c["ONE_IMM"], CVT=c["CVT"],
             TOKEN_BLOCKS=T > bt, num_warps=warps, PRELOAD=preload, GLU=glu, ADD_NORM=zc,
             RMS_IN=rms_of is not None, BLOCK_P=next_pow2(p_in), **pdl,
-            EVEN_N=_whole_row_blocks(N, BN, glu),
+            EVEN_N=_whole_row_blocks(N, BN, glu), ROWPAIRED=pw.row_pairs,
             **_launch_regs(x.device, zc, glu, QT, c["PAIRS"], preload))
         if split > 1:
             torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
@@ -1845,7 +1901,8 @@ def linear_pair(x, w0, w1, *, rms_of=None):
         const = {k + suffix: v for k, v in dict(
             QT=PQ_QTYPES[w.qtype], E=PQ_E[w.qtype], BLOCK_N=c["BLOCK_N"], EVEN=c["EVEN"],
             PREFETCH=c["PREFETCH"], PAIRS=c["PAIRS"], WSPLIT=c["WSPLIT"],
-            PRELOAD=c["PRELOAD"], EVEN_N=_whole_row_blocks(w.shape[0], c["BLOCK_N"])).items()}
+            PRELOAD=c["PRELOAD"], EVEN_N=_whole_row_blocks(w.shape[0], c["BLOCK_N"]),
+            ROWPAIRED=w.row_pairs).items()}
         return args, const
 
     args_a, const_a = seg(a, ca, "")
@@ -1883,6 +1940,7 @@ def _pq_gemm(x, pw, out, **cfg):
     H = cfg.pop("H", d_h)
     warps = cfg.pop("num_warps", d_w)
     split = cfg.pop("SPLIT", None)
+    assert not (pw.row_pairs and block_n % 2), "row-paired weights take whole pairs"
     KW = K // E
     progs = triton.cdiv(T, block_m) * triton.cdiv(N, block_n)
     if split is None:
@@ -1900,7 +1958,8 @@ def _pq_gemm(x, pw, out, **cfg):
     _pq_gemm_kernel[(triton.cdiv(T, block_m), triton.cdiv(N, block_n), split)](
         x, qs, qh, a, b, dst, T, N, KW, x.stride(0), qs.stride(0), qh.stride(0), a.stride(0),
         b.stride(0), dst.stride(-2), so_split, kw_len, 0x3F800000, QT=QT, E=E, H=H,
-        BLOCK_M=block_m, BLOCK_N=block_n, FP32=x.dtype == torch.float32, num_warps=warps)
+        BLOCK_M=block_m, BLOCK_N=block_n, FP32=x.dtype == torch.float32,
+        ROWPAIRED=pw.row_pairs, num_warps=warps)
     if split > 1:
         torch.sum(dst, 0, out=out) if out.dtype == torch.float32 else out.copy_(dst.sum(0))
     return out

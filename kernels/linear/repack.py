@@ -19,6 +19,14 @@ the bits already where the kernel combines them with the low nibbles.
 | Q5_K | qs int32 [K/8] (low nibbles); qh int32 [K/32] (5th bits of a vector, pre-placed: _q5_pos); dm, scm as Q4_K | 180/176 = 1.023 |
 | Q6_K | qs int32 [K/8] (low nibbles); qh int32 [K/16] (high bits of 2 quant words, pre-placed: _q6_pos); sc int8 [K/16]; d fp16 [K/256] | 210/210 = 1.000 |
 
+Row pairs (Q4_K with an even number of rows, off ROCm: `row_pairs`): rows 2i and 2i + 1 of
+qs hold the two rows' words regrouped, row 2i each word's low halves (fields 0-3 of row 2i, then
+of row 2i + 1), row 2i + 1 their high halves (fields 4-7): the pairs the fp16 GEMV multiplies
+(two rows' field against one activation in one packed FMA), which it would otherwise build
+from every pair of words it loads (sm_90: 64 of a 771-instruction loop at 8 rows). The swap is
+its own inverse; other paths and the torch decode swap back (`unpair_rows`). ROCm keeps rows
+as they are (its fp32-field GEMVs would pay the swap).
+
 All scales stay exact (GGUF's fp16 d/dmin and integer sub-block scales; products are formed in
 fp32 in the kernel), so the packed weight dequantizes bit-for-bit like the GGUF blocks.
 Rows stack (`cat_rows`) and select (`select_rows`) plane by plane, as QuantizedTensor's do.
@@ -42,6 +50,7 @@ class PackedQuant:
     qtype: str
     shape: tuple[int, int]
     planes: dict[str, torch.Tensor] = field(default_factory=dict)
+    row_pairs: bool = False          # qs stored as row pairs (module docstring)
 
     @property
     def data(self) -> torch.Tensor:  # the first plane: device / dtype probes (registry)
@@ -56,9 +65,13 @@ class PackedQuant:
         return sum(p.numel() * p.element_size() for p in self.planes.values())
 
     def to(self, device) -> "PackedQuant":
-        return PackedQuant(self.qtype, self.shape, {k: v.to(device) for k, v in self.planes.items()})
+        return PackedQuant(self.qtype, self.shape, {k: v.to(device) for k, v in self.planes.items()},
+                           self.row_pairs)
 
     def select_rows(self, index: torch.Tensor) -> "PackedQuant":
+        """The rows index (in rows as they are, whatever the pairing of qs)."""
+        if self.row_pairs:
+            return unpair_rows(self).select_rows(index)
         index = index.to(self.device)
         return PackedQuant(self.qtype, (int(index.numel()), self.shape[1]),
                            {k: v.index_select(0, index) for k, v in self.planes.items()})
@@ -69,11 +82,36 @@ class PackedQuant:
 
 
 def cat_rows(ws: list[PackedQuant]) -> PackedQuant:
-    """Stack the rows of packed weights of one qtype and K (fused projections)."""
+    """Stack the rows of packed weights of one qtype and K (fused projections): row-paired
+    where all are (each has whole pairs), else as rows."""
     q0 = ws[0]
     assert all(w.qtype == q0.qtype and w.shape[1] == q0.shape[1] for w in ws)
+    paired = all(w.row_pairs for w in ws)
+    if not paired:
+        ws = [unpair_rows(w) for w in ws]
     planes = {k: torch.cat([w.planes[k] for w in ws], 0) for k in q0.planes}
-    return PackedQuant(q0.qtype, (sum(w.shape[0] for w in ws), q0.shape[1]), planes)
+    return PackedQuant(q0.qtype, (sum(w.shape[0] for w in ws), q0.shape[1]), planes, paired)
+
+
+def _swap_row_halves(qs: torch.Tensor) -> torch.Tensor:
+    """int32 words [2n, W]: rows 2i, 2i + 1 (a, b) -> (a's low half | b's low half << 16,
+    a's high half | b's high half << 16), word by word; its own inverse."""
+    q = qs.view(-1, 2, qs.shape[1]).to(torch.int64) & 0xFFFFFFFF
+    a, b = q[:, 0], q[:, 1]
+    w = torch.stack([(a & 0xFFFF) | ((b & 0xFFFF) << 16), (a >> 16) | (b & 0xFFFF0000)], 1)
+    return torch.where(w >= 1 << 31, w - (1 << 32), w).to(torch.int32).view(qs.shape)
+
+
+def unpair_rows(p: PackedQuant) -> PackedQuant:
+    """p with qs as rows (a copy where p is row-paired)."""
+    if not p.row_pairs:
+        return p
+    return PackedQuant(p.qtype, p.shape, {**p.planes, "qs": _swap_row_halves(p.planes["qs"])})
+
+
+def pairs_rows(qtype: str, rows: int) -> bool:
+    """Whether pack stores qs as row pairs by default (the module docstring)."""
+    return qtype == "Q4_K" and rows % 2 == 0 and torch.version.hip is None
 
 
 def can_pack(qt) -> bool:
@@ -150,15 +188,19 @@ CHUNK_ELEMENTS = 1 << 22
 
 
 @torch.no_grad()
-def pack(raw: torch.Tensor, qtype: str, shape) -> PackedQuant:
+def pack(raw: torch.Tensor, qtype: str, shape, row_pairs: bool | None = None) -> PackedQuant:
     """raw GGUF blocks uint8 [rows, row_bytes] -> PackedQuant, on raw's device; rows are
-    repacked in chunks into preallocated planes (peak memory: raw + packed + one chunk)."""
+    repacked in chunks into preallocated planes (peak memory: raw + packed + one chunk).
+    row_pairs: qs as row pairs (default pairs_rows; needs Q4_K and an even number of rows)."""
     rows, K = int(shape[0]), int(shape[1])
+    if row_pairs is None:
+        row_pairs = pairs_rows(qtype, rows)
+    assert not row_pairs or (qtype == "Q4_K" and rows % 2 == 0), (qtype, rows)
     raw = raw.reshape(rows, -1)
-    step = max(1, CHUNK_ELEMENTS // max(1, K))
+    step = max(2, CHUNK_ELEMENTS // max(1, K) // 2 * 2)      # whole row pairs a chunk
     if rows <= step:
-        return _pack_rows(raw, qtype, rows, K)
-    first = _pack_rows(raw[:step], qtype, step, K)
+        return _pack_rows(raw, qtype, rows, K, row_pairs)
+    first = _pack_rows(raw[:step], qtype, step, K, row_pairs)
     planes = {k: torch.empty((rows,) + tuple(v.shape[1:]), dtype=v.dtype, device=v.device)
               for k, v in first.planes.items()}
     for k, v in first.planes.items():
@@ -166,13 +208,14 @@ def pack(raw: torch.Tensor, qtype: str, shape) -> PackedQuant:
     del first
     for r0 in range(step, rows, step):
         r1 = min(rows, r0 + step)
-        part = _pack_rows(raw[r0:r1], qtype, r1 - r0, K)
+        part = _pack_rows(raw[r0:r1], qtype, r1 - r0, K, row_pairs)
         for k, v in part.planes.items():
             planes[k][r0:r1] = v
-    return PackedQuant(qtype, (rows, K), planes)
+    return PackedQuant(qtype, (rows, K), planes, row_pairs)
 
 
-def _pack_rows(raw: torch.Tensor, qtype: str, rows: int, K: int) -> PackedQuant:
+def _pack_rows(raw: torch.Tensor, qtype: str, rows: int, K: int,
+               row_pairs: bool = False) -> PackedQuant:
     be, bb = BLOCKS[qtype]
     blocks = raw.reshape(-1, bb)
     nb = blocks.shape[0]
@@ -193,13 +236,14 @@ def _pack_rows(raw: torch.Tensor, qtype: str, rows: int, K: int) -> PackedQuant:
         qoff = 16 if qtype == "Q4_K" else 48
         b = blocks[:, qoff:qoff + 128].to(torch.int32).view(nb, 4, 32)
         q = torch.stack([b & 15, b >> 4], 2).reshape(nb, 256)              # sub-block 2g+hi
-        planes = {"qs": _words(q.reshape(rows, K), 4), "dm": dm.contiguous(),
+        qs = _words(q.reshape(rows, K), 4)
+        planes = {"qs": _swap_row_halves(qs) if row_pairs else qs, "dm": dm.contiguous(),
                   "scm": scm.reshape(rows, K // 32).contiguous()}
         if qtype == "Q5_K":
             qh = blocks[:, 16:48].to(torch.int32)                           # [nb, 32]
             hb = torch.stack([(qh >> j) & 1 for j in range(8)], 1).reshape(nb, 256)
             planes["qh"] = _q5_high(hb.reshape(rows, K))
-        return PackedQuant(qtype, (rows, K), planes)
+        return PackedQuant(qtype, (rows, K), planes, row_pairs)
     if qtype == "Q6_K":
         ql = blocks[:, 0:128].to(torch.int32).view(nb, 2, 64)
         qh = blocks[:, 128:192].to(torch.int32).view(nb, 2, 32)
@@ -241,6 +285,7 @@ def _unwords(w: torch.Tensor, bits: int, signed: bool = False) -> torch.Tensor:
 
 
 def dequantize_packed(p: PackedQuant) -> torch.Tensor:
+    p = unpair_rows(p)
     rows, K = p.shape
     P = p.planes
     if p.qtype == "Q8_0":

@@ -116,27 +116,84 @@ def test_packed_strided_rows_and_fp16():
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
-def test_pack_in_row_chunks(qtype, monkeypatch):
-    raw = random_blocks(7, 512, qtype, 17)
-    whole = repack.pack(raw, qtype, (7, 512))
-    monkeypatch.setattr(repack, "CHUNK_ELEMENTS", 3 * 512)        # chunks of 3 rows: 3+3+1
-    parts = repack.pack(raw, qtype, (7, 512))
+@pytest.mark.parametrize("rows", [7, 8])
+def test_pack_in_row_chunks(qtype, rows, monkeypatch):
+    raw = random_blocks(rows, 512, qtype, 17)
+    whole = repack.pack(raw, qtype, (rows, 512))
+    # chunks of 2 rows (whole row pairs: 3 * 512 elements rounds down)
+    monkeypatch.setattr(repack, "CHUNK_ELEMENTS", 3 * 512)
+    parts = repack.pack(raw, qtype, (rows, 512))
+    assert parts.row_pairs == whole.row_pairs == (qtype == "Q4_K" and rows == 8)
     for k in whole.planes:
         assert torch.equal(parts.planes[k], whole.planes[k])
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
-def test_rows_stack_and_select(qtype):
-    a = random_blocks(5, 512, qtype, 9)
-    b = random_blocks(3, 512, qtype, 10)
-    both = repack.cat_rows([repack.pack(a, qtype, (5, 512)), repack.pack(b, qtype, (3, 512))])
-    ref = repack.pack(torch.cat([a, b]), qtype, (8, 512))
+@pytest.mark.parametrize("rows", [(5, 3), (4, 4)])
+def test_rows_stack_and_select(qtype, rows):
+    a = random_blocks(rows[0], 512, qtype, 9)
+    b = random_blocks(rows[1], 512, qtype, 10)
+    both = repack.cat_rows([repack.pack(a, qtype, (rows[0], 512)),
+                            repack.pack(b, qtype, (rows[1], 512))])
+    # Q4_K parts of whole row pairs stack as row pairs, others as rows
+    paired = qtype == "Q4_K" and rows[0] % 2 == 0
+    assert both.row_pairs == paired
+    ref = repack.pack(torch.cat([a, b]), qtype, (8, 512), row_pairs=paired)
     assert both.shape == (8, 512)
     for k in ref.planes:
         assert torch.equal(both.planes[k], ref.planes[k])
     idx = torch.tensor([6, 0, 2])
     sel = both.select_rows(idx)
+    assert not sel.row_pairs
     assert torch.equal(sel.dequantize(), ref.dequantize()[idx])
+
+
+def test_row_pairs_layout():
+    """Q4_K row pairs: qs regrouped pair by pair (row 2i the low halves of both rows' words,
+    row 2i + 1 the high halves), the other planes as they were; the swap undoes itself."""
+    raw = random_blocks(6, 512, "Q4_K", 21)
+    rows = repack.pack(raw, "Q4_K", (6, 512), row_pairs=False)
+    pairs = repack.pack(raw, "Q4_K", (6, 512))
+    assert pairs.row_pairs and not rows.row_pairs
+    a, b = (rows.planes["qs"][i::2].to(torch.int64) & 0xFFFFFFFF for i in (0, 1))
+    lo, hi = (pairs.planes["qs"][i::2].to(torch.int64) & 0xFFFFFFFF for i in (0, 1))
+    assert torch.equal(lo & 0xFFFF, a & 0xFFFF) and torch.equal(lo >> 16, b & 0xFFFF)
+    assert torch.equal(hi & 0xFFFF, a >> 16) and torch.equal(hi >> 16, b >> 16)
+    for k in ("dm", "scm"):
+        assert torch.equal(pairs.planes[k], rows.planes[k])
+    assert torch.equal(repack.unpair_rows(pairs).planes["qs"], rows.planes["qs"])
+    assert torch.equal(pairs.dequantize(), rows.dequantize())
+    with pytest.raises(AssertionError):
+        repack.pack(random_blocks(5, 512, "Q4_K", 22), "Q4_K", (5, 512), row_pairs=True)
+
+
+@pytest.mark.parametrize("N,T,cfg,glu,same", [
+    (16, 1, {}, False, True),                                    # packed fp16 (PAIRS 3)
+    (16, 1, dict(H=8, BLOCK_N=8, PAIRS=2), False, True),         # fp32 fields, folded scales
+    (16, 1, dict(H=8, BLOCK_N=4, PAIRS=0, PRELOAD=True), False, True),  # a field at a time
+    (16, 3, dict(H=8, BLOCK_N=4), False, True),                  # a few tokens
+    (16, 20, {}, False, True),                                   # the tiled (prefill) path
+    (16, 1, {}, True, True), (16, 1, dict(H=8, BLOCK_N=2), True, True),  # SwiGLU: gate, up pairs
+    (12, 1, dict(H=8, BLOCK_N=8, PAIRS=2), True, True),          # partial row blocks
+    # one row a program asked: two (a whole pair) over row pairs
+    (14, 1, dict(H=8, BLOCK_N=1), False, False),
+    # odd gate rows: pairs would straddle gate and up, so the silu-mul runs after the GEMV
+    (10, 1, {}, True, False),
+])
+def test_row_pairs_run_like_rows(N, T, cfg, glu, same):
+    """Every path over row-paired Q4_K gives what it gives over the rows as they are (the same
+    bits where it runs the same blocks; within the fp16 / fp32 bounds where not)."""
+    w, pairs, x = packed_case(N, 768, "Q4_K", 31, T, 32)
+    rows = repack.pack(w.data, "Q4_K", w.shape, row_pairs=False)
+    assert pairs.row_pairs
+    for xx in (x, x.float()):
+        got = packed_call(xx, pairs, glu=glu, **cfg)
+        want = packed_call(xx, rows, glu=glu, **cfg)
+        assert not torch.isnan(got).any()
+        if same:
+            assert torch.equal(got, want)
+        else:
+            assert_close(got, want)
 
 
 def test_prepare_keeps_cpu_and_unpackable_weights():
