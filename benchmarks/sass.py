@@ -71,7 +71,8 @@ def _kernel_and_signature(args):
                             else 2 if args.qtype == "Q4_K" else 1),
                      SILU=False, PDL=args.pdl, WSPLIT=args.wsplit, ONE_IMM=args.one_imm, CVT=args.cvt,
                      TOKEN_BLOCKS=False, GLU=args.glu,
-                     PRELOAD=_preload(args), EVEN_N=True, **norm, **_plane_strides(args))
+                     PRELOAD=_preload(args), EVEN_N=True, ROWPAIRED=_row_pairs(args), **norm,
+                     **_plane_strides(args))
     return _signature(fn, ptrs, const, ALIGNED, {"eps", "eps_in"})
 
 
@@ -88,6 +89,14 @@ def _plane_strides(args) -> dict:
     raw = torch.zeros(1, args.k // be * bb, dtype=torch.uint8)
     planes = K._pq_args(repack.pack(raw, args.qtype, (1, args.k)))
     return {name: p.stride(0) for name, p in zip(("sq", "sh", "sa", "sb"), planes)}
+
+
+def _row_pairs(args) -> bool:
+    """ROWPAIRED: --row-pairs, else as the engine packs the weight on the target (Q4_K off
+    ROCm: kernels/linear/repack.py)."""
+    if args.row_pairs is not None:
+        return bool(args.row_pairs)
+    return args.qtype == "Q4_K" and not args.target.startswith("gfx")
 
 
 def _preload(args) -> int:
@@ -299,6 +308,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--preload", type=int, choices=(0, 1), default=None,
                     help="packed, with --pdl: the first iteration loaded before the PDL wait "
                          "(PRELOAD; default the engine's choice, pq_preloads)")
+    ap.add_argument("--row-pairs", type=int, choices=(0, 1), default=None,
+                    help="packed Q4_K: words stored as row pairs (ROWPAIRED; default as the "
+                         "engine packs them: on for sm_90, off for AMD)")
     ap.add_argument("--one-imm", action="store_true",
                     help="packed: 1.0f's bits as an immediate (ONE_IMM, the ROCm default)")
     ap.add_argument("--glu", action="store_true",
