@@ -104,6 +104,17 @@ def test_packed_gemv_rows_addressed_by_immediates():
     assert glu["registers"] <= cap and glu["spill_bytes"] == 0
 
 
+def test_q4k_row_pairs_drop_the_regrouping():
+    """Q4_K stored as row pairs (kernels/linear/repack.py): the packed-fp16 loop takes the
+    pairs as loaded, without the 64 instructions that regroup each pair of rows' words (sm_90
+    at 8 rows: 767 -> 703, docs/PERF.md E28), at no more registers."""
+    base = ("--qtype", "Q4_K", "--rows", "8", "--warps", "4", "--pairs", "3", "--pdl", "--k", "12288")
+    rows, pairs = _run(*base, "--row-pairs", "0"), _run(*base, "--row-pairs", "1")
+    assert pairs["loop_instructions"] <= rows["loop_instructions"] - 56
+    assert pairs["loop_per_weight"] <= 2.8 and pairs["registers"] <= rows["registers"]
+    assert pairs["spill_bytes"] == 0
+
+
 def test_q5k_fields_in_packed_fp16():
     """Q5_K with fp16 activations (PAIRS = 3): the 5-bit bytes of two rows in one register, an
     HFMA2 a product, fewer loop instructions a weight than its fp32 fields at the same rows
