@@ -844,10 +844,16 @@ def _half2(v):
 
 
 @triton.jit
+def _even_odd_rows(words, H: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Words [H, BN, 4] -> those of rows 2i and of rows 2i + 1, each [H, BN / 2, 4]."""
+    return tl.split(tl.permute(tl.reshape(words, [H, BLOCK_N // 2, 2, 4]), [0, 1, 3, 2]))
+
+
+@triton.jit
 def _row_pair_words(words, H: tl.constexpr, BLOCK_N: tl.constexpr):
     """Words [H, BN, 4] of BN rows -> (lo, hi) [H, BN / 2, 4]: for rows 2i and 2i + 1, lo holds
     both rows' fields 0-3 (row 2i's in its low half) and hi their fields 4-7."""
-    a, b = tl.split(tl.permute(tl.reshape(words, [H, BLOCK_N // 2, 2, 4]), [0, 1, 3, 2]))
+    a, b = _even_odd_rows(words, H, BLOCK_N)
     lo = (a & 0xFFFF) | (b << 16)
     hi = ((a >> 16) & 0xFFFF) | (b & -65536)
     return lo, hi
@@ -977,13 +983,12 @@ def _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w
         # fields in packed fp16 (Q4_K / Q5_K / Q6_K, below): two rows' words regrouped so one
         # int32 holds the same fields of both (_row_pair_words; Q5_K / Q6_K: their even
         # fields' byte words, and the odd ones' from hi; Q4_K off ROCm is stored so,
-        # ROWPAIRED: sm_90 loop at 8 rows 767 -> 703 instructions, docs/PERF.md E28). 0x64006400 (fp16 1024 in both
-        # halves) from the run-time `one` (0x3F800000): a register, so each field's mask and
-        # it fit one LOP3 (two immediates would not)
+        # ROWPAIRED: sm_90 loop at 8 rows 767 -> 703 instructions, docs/PERF.md E28).
+        # 0x64006400 (fp16 1024 in both halves) from the run-time `one` (0x3F800000): a
+        # register, so each field's mask and it fit one LOP3 (two immediates would not)
         magic = one ^ 0x5B806400
         if ROWPAIRED:   # stored that way (repack.py): the loads are the pairs
-            pair_lo, pair_hi = tl.split(tl.permute(tl.reshape(words, [H, BLOCK_N // 2, 2, 4]),
-                                                   [0, 1, 3, 2]))
+            pair_lo, pair_hi = _even_odd_rows(words, H, BLOCK_N)
         else:
             pair_lo, pair_hi = _row_pair_words(words, H, BLOCK_N)
         odd_lo, odd_hi = pair_lo, pair_hi

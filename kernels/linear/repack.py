@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .._triton_util import is_rocm
 from .reference import BLOCKS, _k_scales
 
 PACKED_TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K")
@@ -69,12 +70,14 @@ class PackedQuant:
                            self.row_pairs)
 
     def select_rows(self, index: torch.Tensor) -> "PackedQuant":
-        """The rows index (in rows as they are, whatever the pairing of qs)."""
-        if self.row_pairs:
-            return unpair_rows(self).select_rows(index)
+        """The rows index, as rows (row pairs: only the selected rows' pairs are swapped back)."""
         index = index.to(self.device)
-        return PackedQuant(self.qtype, (int(index.numel()), self.shape[1]),
-                           {k: v.index_select(0, index) for k, v in self.planes.items()})
+        planes = {k: v.index_select(0, index) for k, v in self.planes.items()}
+        if self.row_pairs:
+            both = torch.stack([index - index % 2, index - index % 2 + 1], 1).reshape(-1)
+            rows = _swap_row_halves(self.planes["qs"].index_select(0, both))
+            planes["qs"] = rows[2 * torch.arange(index.numel(), device=index.device) + index % 2]
+        return PackedQuant(self.qtype, (int(index.numel()), self.shape[1]), planes)
 
     def dequantize(self) -> torch.Tensor:
         """float32 [rows, K] (torch; the reference path for packed weights)."""
@@ -111,7 +114,7 @@ def unpair_rows(p: PackedQuant) -> PackedQuant:
 
 def pairs_rows(qtype: str, rows: int) -> bool:
     """Whether pack stores qs as row pairs by default (the module docstring)."""
-    return qtype == "Q4_K" and rows % 2 == 0 and torch.version.hip is None
+    return qtype == "Q4_K" and rows % 2 == 0 and not is_rocm()
 
 
 def can_pack(qt) -> bool:

@@ -142,7 +142,7 @@ def test_rows_stack_and_select(qtype, rows):
     assert both.shape == (8, 512)
     for k in ref.planes:
         assert torch.equal(both.planes[k], ref.planes[k])
-    idx = torch.tensor([6, 0, 2])
+    idx = torch.tensor([6, 0, 3, 3])                 # even and odd rows, one twice
     sel = both.select_rows(idx)
     assert not sel.row_pairs
     assert torch.equal(sel.dequantize(), ref.dequantize()[idx])
