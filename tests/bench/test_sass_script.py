@@ -115,17 +115,6 @@ def test_q4k_row_pairs_drop_the_regrouping():
     assert pairs["spill_bytes"] == 0
 
 
-def test_one_token_activation_loads_unmasked():
-    """A one-token program always has its token (the grid covers T >= 1), so its activation
-    loads carry no mask: no zeroed registers for masked-off lanes (CS2R) nor their selects, and
-    ptxas fuses the even fields' and/or (sm_90 Q4_K at 8 rows: 703 -> 659 instructions, 127 -> 95
-    registers; docs/PERF.md E29)."""
-    res = _run("--qtype", "Q4_K", "--rows", "8", "--warps", "4", "--pairs", "3", "--pdl",
-               "--preload", "1", "--k", "12288")
-    assert "CS2R" not in res["loop_mix"] and res["loop_mix"]["LOP3"] <= 150
-    assert res["loop_instructions"] <= 670 and res["registers"] <= 100
-
-
 def test_q5k_fields_in_packed_fp16():
     """Q5_K with fp16 activations (PAIRS = 3): the 5-bit bytes of two rows in one register, an
     HFMA2 a product, fewer loop instructions a weight than its fp32 fields at the same rows
