@@ -1657,7 +1657,9 @@ def _pq_cuda_decode(qtype, N, K, sms):
     - Q4_K / Q4_0: 8 rows; 2 warps from N = 8192 (gate/up 24576: 21.8 us against 24.5 at 1
       warp), 4 below 8192 and at N = 12288 (under PDL 11.7 us against 15.4 with the 1 warp and
       PREFETCH swept without it); Q4_K folds its scales and splits its words (PAIRS = 2), but
-      not in the down projections (N < 8192, K >= 12288: under PDL 11.1 us against 12.7);
+      not in the down projections (N < 8192, K >= 12288: under PDL 11.1 us against 12.7),
+      whose 3 iterations a program take PREFETCH (E29: 4096 x 12288 10.1 -> 9.2 us, 66 -> 73%
+      of the copy rate; the 9B Q4_K_M decode 505.2 -> 508.5 tok/s);
     - Q5_K: from N = 8192 8 rows, 2 warps, split words (fp16 activations: in packed fp16,
       PAIRS = 3; the 9B Q4_K_M decode with its 8192-row qkv 452.6 -> 461.3 tok/s against the
       4 rows and 1 warp of fp32 fields, 460.3 at 8 rows and 1 warp, 452.8 at 4 warps; E24);
@@ -1677,14 +1679,15 @@ def _pq_cuda_decode(qtype, N, K, sms):
     - Q8_0: 4 rows, unsplit; from N = 16384 2 warps with PREFETCH (24576: 28.5 us against
       30.3), else warps so that the grid holds about 24 warps per SM (N = 12288: 1, N = 4096:
       4, with PREFETCH).
-    PREFETCH applies where a program makes at least 4 iterations (packed_matmul). With fp16
+    PREFETCH applies where a program makes PREFETCH_FROM iterations (_pq_loop_flags). With fp16
     activations packed_matmul runs Q4_K's, Q5_K's and Q6_K's fields in packed fp16 instead
     (PAIRS = 3, _pq_pairs)."""
     if qtype in ("Q4_K", "Q4_0"):
         pairs = 2 if qtype == "Q4_K" and not (N < 8192 and K >= 12288) else 1
+        prefetch = qtype == "Q4_K"   # where its programs make 3 iterations or more
         if qtype == "Q4_K" and 12288 <= N < 16384:
-            return 8, 4, False, pairs, False
-        return 8, (2 if N >= 8192 else 4), False, pairs, False
+            return 8, 4, prefetch, pairs, False
+        return 8, (2 if N >= 8192 else 4), prefetch, pairs, False
     if qtype == "Q5_K":
         return (8, 2, False, 1, True) if N >= 8192 else (4, 1, False, 1, True)
     if qtype == "Q6_K":
@@ -1757,7 +1760,7 @@ def packed_matmul(x, pw, *, silu=False, glu=False, add_norm=None, rms_of=None, *
         pdl = pdl_args(x.device)
         # the peeled first iteration pays only before a PDL wait (cfg may force it: tests)
         preload = cfg["PRELOAD"] if "PRELOAD" in cfg else c["PRELOAD"] and bool(pdl)
-        even, prefetch, preload = _pq_loop_flags(KW, kw_len, H, c.get("PREFETCH"), preload)
+        even, prefetch, preload = _pq_loop_flags(KW, kw_len, H, c.get("PREFETCH"), preload, qt)
         if split == 1:
             dst, so_split = out, 0
         else:
@@ -1843,13 +1846,19 @@ def _whole_row_blocks(N, block_n, glu=False) -> bool:
     return (N // 2) % (block_n // 2) == 0 if glu else N % block_n == 0
 
 
-def _pq_loop_flags(KW, kw_len, H, prefetch, preload):
+# The fewest whole iterations a program needs for PREFETCH (H200: with 2, Q8_0 4096x4096 lost
+# 3% and Q4_K's gate/up 79 -> 73%; with 3, Q4_K 4096x12288 gained 66 -> 73%, docs/PERF.md
+# E29; 3 is unmeasured for the other types, which keep 4).
+PREFETCH_FROM = {"Q4_K": 3}
+
+
+def _pq_loop_flags(KW, kw_len, H, prefetch, preload, qtype):
     """(EVEN, PREFETCH, PRELOAD) of packed GEMV programs of kw_len of a row's KW words and H
     threads: PREFETCH (the next iteration's loads issued early) only where each program has
-    several whole iterations (H200: with 2 iterations, Q8_0 4096x4096, it cost 3%); PRELOAD
-    (the first iteration peeled before the PDL wait) where PREFETCH is not."""
+    PREFETCH_FROM whole iterations; PRELOAD (the first iteration peeled before the PDL wait)
+    where PREFETCH is not."""
     even = kw_len % (4 * H) == 0 and KW % kw_len == 0
-    prefetch = bool(prefetch) and even and kw_len // (4 * H) >= 4
+    prefetch = bool(prefetch) and even and kw_len // (4 * H) >= PREFETCH_FROM.get(qtype, 4)
     return even, prefetch, bool(preload) and not prefetch
 
 
@@ -1873,7 +1882,7 @@ def _pq_pair_configs(x, pws):
     for w, c in zip(pws, cs):
         KW = K // PQ_E[w.qtype]
         c["EVEN"], c["PREFETCH"], c["PRELOAD"] = _pq_loop_flags(KW, KW, H, c["PREFETCH"],
-                                                                c["PRELOAD"] and pdl)
+                                                                c["PRELOAD"] and pdl, w.qtype)
         c["num_warps"] = warps
         # Q5_K in packed fp16 here too; Q4_K's segment keeps its fields in fp32 (_pq_pairs)
         c["PAIRS"] = _pq_pairs(x, w.qtype, c, w.qtype != "Q5_K")

@@ -115,6 +115,18 @@ def test_q4k_row_pairs_drop_the_regrouping():
     assert pairs["spill_bytes"] == 0
 
 
+def test_q4k_prefetch_fits_four_programs_an_sm():
+    """The 9B's Q4_K down projection (4096 x 12288: 512 programs of 4 warps, 3 iterations each)
+    prefetches its next iteration's planes (docs/PERF.md E29). Two iterations' words then live
+    at once; it must stay within 128 registers without spilling, alone and with the split
+    norm's epilogue under its cap, so that four programs fit an SM and the grid one wave."""
+    base = ("--qtype", "Q4_K", "--rows", "8", "--warps", "4", "--pairs", "3", "--pdl",
+            "--prefetch", "--k", "12288")
+    for extra in ((), ("--add-norm", "--maxnreg", "128")):
+        res = _run(*base, *extra)
+        assert res["registers"] <= 128 and res["spill_bytes"] == 0, extra
+
+
 def test_q5k_fields_in_packed_fp16():
     """Q5_K with fp16 activations (PAIRS = 3): the 5-bit bytes of two rows in one register, an
     HFMA2 a product, fewer loop instructions a weight than its fp32 fields at the same rows

@@ -171,6 +171,7 @@ def test_row_pairs_layout():
     (16, 1, {}, False, True),                                    # packed fp16 (PAIRS 3)
     (16, 1, dict(H=8, BLOCK_N=8, PAIRS=2), False, True),         # fp32 fields, folded scales
     (16, 1, dict(H=8, BLOCK_N=4, PAIRS=0, PRELOAD=True), False, True),  # a field at a time
+    (16, 1, dict(H=4, BLOCK_N=8, PREFETCH=True), False, True),   # packed fp16, next words early
     (16, 3, dict(H=8, BLOCK_N=4), False, True),                  # a few tokens
     (16, 20, {}, False, True),                                   # the tiled (prefill) path
     (16, 1, {}, True, True), (16, 1, dict(H=8, BLOCK_N=2), True, True),  # SwiGLU: gate, up pairs
@@ -526,6 +527,26 @@ def test_packed_to_dense_and_the_prefill_path(qtype, monkeypatch):
         monkeypatch.setattr(kernel, "DEQUANT_CHUNK", chunk)
         out = torch.empty((24, N), dtype=torch.float16, device=DEVICE)
         assert_close(kernel._pq_dequant_matmul(x, p, out), ref)
+
+
+def test_cuda_decode_prefetch_from_iterations():
+    """On CUDA a one-token GEMV issues its next iteration's loads early (PREFETCH) where its
+    programs make enough whole iterations, else peels the first before the PDL wait
+    (PRELOAD): Q4_K from 3 (the 9B's 4096 x 12288 down projection: 66 -> 73% of the copy rate,
+    docs/PERF.md E29; its 2-iteration gate/up lost 6 points with it), the others from 4."""
+    from g906.kernels.linear import kernel as K
+
+    def flags(N, K_, qtype):
+        c = K._pq_gemv_config(1, N, K_, qtype, torch.device("cpu"))
+        kw = K_ // K.PQ_E[qtype]
+        kw_len = K._pq_splits(kw, c["SPLIT"])[0]
+        return K._pq_loop_flags(kw, kw_len, 32 * c["num_warps"], c["PREFETCH"], True, qtype)
+
+    assert flags(4096, 12288, "Q4_K") == (True, True, False)      # 3 iterations of 4 warps
+    assert flags(2048, 6144, "Q4_K") == (True, True, False)       # 3 iterations of 2 warps
+    assert flags(24576, 4096, "Q4_K") == (True, False, True)      # gate/up: 2 iterations
+    assert flags(2048, 6144, "Q6_K") == (True, False, True)       # 3: unmeasured, peeled
+    assert flags(4096, 4096, "Q4_0") == (True, False, True)
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
