@@ -1251,8 +1251,8 @@ def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr,
     rate there; a quarter-rate I2F on NVIDIA), one instruction per field.
     Under PREFETCH or PRELOAD (set with PDL) the first iteration's weight planes are loaded
     before the PDL wait (they are constants: their stream starts while the kernel before
-    finishes); PRELOAD peels that iteration, for programs of one to three iterations, which
-    PREFETCH would only slow (it loads each iteration's successor, the last its own again).
+    finishes); PRELOAD peels that iteration, for programs too short for PREFETCH (it loads
+    each iteration's successor, the last its own again; _pq_loop_flags).
     The planes' row strides (sq, sh, sa, sb) are compile-time constants and, where the rows
     fill every program (EVEN_N), each row's offset from the program's first row is too: every
     load of a plane then takes one base address and an immediate per row (sm_90: Q4_K's loop
