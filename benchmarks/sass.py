@@ -94,9 +94,11 @@ def _plane_strides(args) -> dict:
 def _row_pairs(args) -> bool:
     """ROWPAIRED: --row-pairs, else as the engine packs the weight on the target (Q4_K off
     ROCm: kernels/linear/repack.py)."""
+    from g906.kernels.linear import repack
+
     if args.row_pairs is not None:
         return bool(args.row_pairs)
-    return args.qtype == "Q4_K" and not args.target.startswith("gfx")
+    return repack.pairs_rows(args.qtype, args.rows, rocm=args.target.startswith("gfx"))
 
 
 def _preload(args) -> int:

@@ -1731,7 +1731,8 @@ def packed_matmul(x, pw, *, silu=False, glu=False, add_norm=None, rms_of=None, *
         c["PAIRS"] = _pq_pairs(x, qt, c, "PAIRS" in cfg, glu)
         c["BLOCK_N"] = _pq_rows(qt, c, "BLOCK_N" in cfg)
         if pw.row_pairs:   # whole stored pairs a program; GLU: a gate pair and its up pair
-            c["BLOCK_N"] = -(-c["BLOCK_N"] // (4 if glu else 2)) * (4 if glu else 2)
+            unit = 4 if glu else 2
+            c["BLOCK_N"] = triton.cdiv(c["BLOCK_N"], unit) * unit
         BN, warps, split = c["BLOCK_N"], c["num_warps"], c["SPLIT"]
         H = c.get("H") or warp_size(x.device) * warps
         KW = K // E

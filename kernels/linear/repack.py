@@ -74,7 +74,8 @@ class PackedQuant:
         index = index.to(self.device)
         planes = {k: v.index_select(0, index) for k, v in self.planes.items()}
         if self.row_pairs:
-            both = torch.stack([index - index % 2, index - index % 2 + 1], 1).reshape(-1)
+            first = index - index % 2                           # each row's pair
+            both = torch.stack([first, first + 1], 1).reshape(-1)
             rows = _swap_row_halves(self.planes["qs"].index_select(0, both))
             planes["qs"] = rows[2 * torch.arange(index.numel(), device=index.device) + index % 2]
         return PackedQuant(self.qtype, (int(index.numel()), self.shape[1]), planes)
@@ -112,9 +113,10 @@ def unpair_rows(p: PackedQuant) -> PackedQuant:
     return PackedQuant(p.qtype, p.shape, {**p.planes, "qs": _swap_row_halves(p.planes["qs"])})
 
 
-def pairs_rows(qtype: str, rows: int) -> bool:
-    """Whether pack stores qs as row pairs by default (the module docstring)."""
-    return qtype == "Q4_K" and rows % 2 == 0 and not is_rocm()
+def pairs_rows(qtype: str, rows: int, rocm: bool | None = None) -> bool:
+    """Whether pack stores qs as row pairs by default (the module docstring); rocm: for that
+    target instead of this machine's (benchmarks/sass.py compiles for either)."""
+    return qtype == "Q4_K" and rows % 2 == 0 and not (is_rocm() if rocm is None else rocm)
 
 
 def can_pack(qt) -> bool:
