@@ -48,7 +48,7 @@ def _lanes(args) -> int:
 def _kernel_and_signature(args):
     from g906.kernels.linear import kernel as K
 
-    # the split RMSNorm's operands (kernels/linear/residual_norm.py)
+    # the split RMSNorm's operands (g906/kernels/linear/residual_norm.py)
     norm_ptrs = {"r_ptr": "*fp16", "hn_ptr": "*fp16", "anw_ptr": "*fp16", "ss_out_ptr": "*fp32",
                  "ss_in_ptr": "*fp32"}
     norm = dict(ADD_NORM=2 if args.add_norm else 0, RMS_IN=args.rms_in, BLOCK_P=args.partials)
@@ -93,7 +93,7 @@ def _plane_strides(args) -> dict:
 
 def _row_pairs(args) -> bool:
     """ROWPAIRED: --row-pairs, else as the engine packs the weight on the target (Q4_K off
-    ROCm: kernels/linear/repack.py)."""
+    ROCm: g906/kernels/linear/repack.py)."""
     from g906.kernels.linear import repack
 
     if args.row_pairs is not None:
@@ -122,7 +122,7 @@ def _signature(fn, ptrs, const, aligned, floats):
 
 
 def _attention_kernel_and_signature(args):
-    """The paged decode attention kernel (kernels/attention), one KV head's G query heads over
+    """The paged decode attention kernel (g906/kernels/attention), one KV head's G query heads over
     --rows (BLOCK_N) cache positions a tile; tl.dot on sm_90, the broadcast path on AMD (as
     _decode_config picks them)."""
     from g906.kernels._triton_util import next_pow2

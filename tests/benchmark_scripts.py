@@ -9,8 +9,7 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def load_benchmark(name: str):
-    """benchmarks/<name>.py loaded by path (as bench_<name>: `kernels` is also the name of the
-    project's kernel package)."""
+    """benchmarks/<name>.py loaded by path, as bench_<name> (benchmarks/ is not a package)."""
     spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCHMARKS / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

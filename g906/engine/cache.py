@@ -3,7 +3,7 @@ per-sequence state slots for the linear-attention (Gated DeltaNet) layers.
 
 Full-attention layer i: k_cache[i], v_cache[i] of [num_blocks, block_size, num_kv_heads, head_dim]
 (model dtype). Linear layer i: conv_state[i] [num_state_slots, conv_dim, K] (model dtype; a
-ring of the last inputs, kernels/conv1d/reference.py) and
+ring of the last inputs, g906/kernels/conv1d/reference.py) and
 ssm_state[i] [num_state_slots, Hv, Dk, Dv] (fp32). Each kind lives in one allocation; the
 per-layer entries are views of it."""
 

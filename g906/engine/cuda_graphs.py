@@ -203,7 +203,7 @@ class DecodeGraphs:
         pool = None
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
-        # graph_launches: the kernels may start while their predecessor ends (kernels/pdl.py)
+        # graph_launches: the kernels may start while their predecessor ends (g906/kernels/pdl.py)
         with torch.cuda.stream(stream), graph_launches():
             self.pdl = bool(pdl_args(self.device))
             for bs in reversed(self.batch_sizes):

@@ -1,4 +1,4 @@
-"""benchmarks/kernels.py's linear-quant sweep: its extra configs name the field decodes, so the
+"""benchmarks/kernel_bench.py's linear-quant sweep: its extra configs name the field decodes, so the
 packed-fp16 default and the fp32 fields are timed side by side, and its labels say which ran."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from tests.benchmark_scripts import load_benchmark
 
 @pytest.mark.skipif(is_rocm(), reason="ROCm keeps the fp32 fields (no packed fp16 default)")
 def test_linear_quant_sweep_times_both_field_decodes():
-    kb = load_benchmark("kernels")
+    kb = load_benchmark("kernel_bench")
     from g906.kernels.linear import kernel as K
 
     x = torch.zeros(1, 4096, dtype=torch.float16)

@@ -105,7 +105,7 @@ def test_packed_gemv_rows_addressed_by_immediates():
 
 
 def test_q4k_row_pairs_drop_the_regrouping():
-    """Q4_K stored as row pairs (kernels/linear/repack.py): the packed-fp16 loop takes the
+    """Q4_K stored as row pairs (g906/kernels/linear/repack.py): the packed-fp16 loop takes the
     pairs as loaded, without the 64 instructions that regroup each pair of rows' words (sm_90
     at 8 rows: 767 -> 703, docs/PERF.md E28), at no more registers."""
     base = ("--qtype", "Q4_K", "--rows", "8", "--warps", "4", "--pairs", "3", "--pdl", "--k", "12288")

@@ -5,7 +5,7 @@ Upstream Triton 3.5 refuses gfx906 but compiles for gfx908 (MI100): the same wav
 ISA for this code, plus AGPRs (accumulation registers), which a gfx906 lacks. AGPRs in use,
 spilled VGPRs or scratch memory in the gfx908 code are therefore spills on a gfx906, and a lane
 has no more than 256 VGPRs there; the batch-1 packed GEMVs also promise <= 128 (two waves per
-SIMD: kernels/linear/kernel.py, _pq_rocm_decode). The configs come from the launchers' own
+SIMD: g906/kernels/linear/kernel.py, _pq_rocm_decode). The configs come from the launchers' own
 config functions with the device mocked as ROCm (wave64), over every decode projection of the
 real model shapes (g906/data/models.toml), so the test follows the defaults when they change.
 benchmarks/sass.py builds and compiles the GEMVs and the decode attention; the other decode

@@ -130,7 +130,7 @@ def test_silu_mul_packed_gemv(qtype, T):
 
 
 # ------------------------------------------------------------------------------------------
-# the RMSNorm between two projections, split over their GEMVs (kernels/linear/residual_norm.py)
+# the RMSNorm between two projections, split over their GEMVs (g906/kernels/linear/residual_norm.py)
 
 
 def _norm_case(T, K, dtype, gen):

@@ -1,4 +1,4 @@
-"""Repacked GGUF weights (kernels/linear/repack.py) and the kernels that read them: the packed
+"""Repacked GGUF weights (g906/kernels/linear/repack.py) and the kernels that read them: the packed
 planes decode bit-for-bit like gguf.quants.dequantize, the Triton GEMV/GEMM over them equals
 the reference (dequantize + matmul) on odd shapes, masked tails, split K and strided inputs,
 and the engine's Linear repacks only on a GPU."""
@@ -551,7 +551,7 @@ def test_cuda_decode_prefetch_from_iterations():
 
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_rocm_decode_configs(qtype, monkeypatch):
-    """ROCm's batch-1 configs (kernels/linear/kernel.py _pq_rocm_decode, chosen from gfx908 code)
+    """ROCm's batch-1 configs (g906/kernels/linear/kernel.py _pq_rocm_decode, chosen from gfx908 code)
     on a mocked wave64 device, then run (with fewer threads) in the interpreter."""
     from g906.kernels.linear import kernel as K
 

@@ -1,4 +1,4 @@
-"""Programmatic dependent launch (kernels/pdl.py): the launch keywords appear only inside
+"""Programmatic dependent launch (g906/kernels/pdl.py): the launch keywords appear only inside
 `graph_launches()` on a CUDA device of compute capability 9+, never elsewhere."""
 
 from __future__ import annotations

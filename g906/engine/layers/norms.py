@@ -40,7 +40,7 @@ class NormedInput(NamedTuple):
     """RMSNorm(h) with its 1 / rms not yet applied. The output projection that made h (the
     residual stream) also made hn = h * norm weight and partial sums of h * h, ss (ops.linear's
     add_norm); the projection that reads it applies 1 / rms(h) in its own GEMV (rms_of): no
-    RMSNorm kernel between them (kernels/linear/residual_norm.py)."""
+    RMSNorm kernel between them (g906/kernels/linear/residual_norm.py)."""
     h: torch.Tensor
     hn: torch.Tensor
     ss: torch.Tensor

@@ -11,7 +11,7 @@
 All weight bytes are read from the raw GGUF blocks (uint8 [rows, row_bytes]); scales are fp16
 read byte-wise, so no alignment beyond one byte is assumed.
 
-- Repacked weights (PackedQuant, kernels/linear/repack.py, made once at load time on GPUs):
+- Repacked weights (PackedQuant, g906/kernels/linear/repack.py, made once at load time on GPUs):
   `packed_matmul` below, with 16-byte loads and whole-word decoding (docs/kernels-linear.md).
 """
 
@@ -602,7 +602,7 @@ def _around(fn, x, weight, add_norm, rms_of, **kw):
 
 
 # ----------------------------------------------------------------------------------------
-# Kernels over repacked weights (kernels/linear/repack.py: PackedQuant).
+# Kernels over repacked weights (g906/kernels/linear/repack.py: PackedQuant).
 #
 # A row is read as vectors of 4 int32 words (16 bytes) holding EV = 4 * E elements (E = 4
 # for 8-bit quants, 8 for 4-bit); field j of word w is element 4j + w of the vector, so the

@@ -1,7 +1,7 @@
 """Benchmark g906.kernels on real Qwen3.5 layer shapes against the PyTorch references.
 
-    python benchmarks/kernels.py [--quick] [--only gemv,qgemv,decode,gdn,...] [--json out.json]
-    python benchmarks/kernels.py --only linear-quant     # repacked vs GGUF-block dequant-GEMV
+    python benchmarks/kernel_bench.py [--quick] [--only gemv,qgemv,decode,gdn,...] [--json out.json]
+    python benchmarks/kernel_bench.py --only linear-quant     # repacked vs GGUF-block dequant-GEMV
 
 Measures the device's copy bandwidth first (a large device-to-device copy, bytes read +
 written), then for every kernel prints time (median, CUDA-graph replay for the Triton
@@ -215,7 +215,7 @@ def sweep_label(cfg: dict, pairs: int | None) -> str:
 
 def bench_linear_quant(quick):
     """Dequant-GEMV on GGUF blocks (old kernel) vs on the load-time repacked planes (new,
-    kernels/linear/repack.py), 9B decode shapes, T = 1 and 8. Each timing cycles through enough
+    g906/kernels/linear/repack.py), 9B decode shapes, T = 1 and 8. Each timing cycles through enough
     distinct copies of the weight (> 4x the L2 cache) inside one CUDA graph, so weights come from
     HBM as in a decode step; time = graph time / copies. GB/s counts the GGUF bytes (+ x, out)."""
     from g906.kernels.linear import repack
@@ -232,7 +232,7 @@ def bench_linear_quant(quick):
     t_start = time.perf_counter()
     l2 = _l2_bytes()
     print(f"# linear-quant: L2 {l2 >> 20} MiB; weights rotate through >= 4x L2 of copies; "
-          "old = GGUF-block kernel, new = repacked (kernels/linear/repack.py)")
+          "old = GGUF-block kernel, new = repacked (g906/kernels/linear/repack.py)")
     for N, K in shapes:
         for qt in types:
             w0 = rand_blocks(N, K, qt)
@@ -516,7 +516,7 @@ def main():
                          "4096x4096; the engine fuses gate/up into 24576x4096)")
     ap.add_argument("--pdl", action="store_true",
                     help="capture with programmatic dependent launch, as the engine's decode "
-                         "graphs do on sm_90 (kernels/pdl.py)")
+                         "graphs do on sm_90 (g906/kernels/pdl.py)")
     args = ap.parse_args()
     if args.types:
         LINQ_TYPES[:] = [t.strip() for t in args.types.split(",") if t.strip()]
@@ -527,7 +527,7 @@ def main():
         except ValueError:
             sys.exit(f"--shapes: expected OUTxIN pairs such as 4096x12288, got {args.shapes!r}")
     if not torch.cuda.is_available():
-        sys.exit("benchmarks/kernels.py needs a GPU (CUDA or ROCm)")
+        sys.exit("benchmarks/kernel_bench.py needs a GPU (CUDA or ROCm)")
     dev = torch.cuda.get_device_name()
     COPY_BW = copy_bandwidth()
     print(f"# {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC  {dev}  "

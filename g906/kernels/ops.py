@@ -245,11 +245,11 @@ def linear(x, weight, *, add_norm=None, rms_of=None):
     """x [T, in] @ weight^T: weight dense [out, in], a QuantizedTensor (GGUF blocks) or the
     PackedQuant that prepare_linear_weight made of one.
 
-    The RMSNorm between two projections can ride on them (kernels/linear/residual_norm.py):
+    The RMSNorm between two projections can ride on them (g906/kernels/linear/residual_norm.py):
     add_norm = (residual, norm_weight, zero_centred) returns (h, hn, ss): h = y + residual, hn =
     h * norm_weight, ss [T, P] partial sums of h * h; rms_of = (ss, eps) multiplies x (such an
     hn) by 1 / rms(h) per row first.
-    Exact definitions: kernels/linear/reference.py (add_norm_out, rms_in)."""
+    Exact definitions: g906/kernels/linear/reference.py (add_norm_out, rms_in)."""
     if add_norm is None and rms_of is None:
         return registry.dispatch("linear", x, weight)
     return registry.dispatch("linear", x, weight, add_norm=add_norm, rms_of=rms_of)
@@ -288,7 +288,7 @@ def linear_fuses_norm(x, weight) -> bool:
 
 def prepare_linear_weight(weight):
     """Once, at load time: a QuantizedTensor on a GPU becomes a PackedQuant (aligned planes the
-    dequant-GEMV reads with 16-byte loads; kernels/linear/repack.py); anything else (CPU,
+    dequant-GEMV reads with 16-byte loads; g906/kernels/linear/repack.py); anything else (CPU,
     dense, types or shapes without a packed layout, G906_KERNELS=reference) is returned as is."""
     from .linear import repack
 
