@@ -2,7 +2,7 @@
 
 quant_types.toml  GGUF tensor types the embedded engine supports, and how it stores them.
 compat.toml       the ROCm / PyTorch / Triton compatibility matrix and known-bad combinations.
-models.toml       the model registry (architectures and builtin synthetic models).
+models.toml       builtin synthetic models and the real shapes of synthetic benchmark models.
 """
 
 from __future__ import annotations

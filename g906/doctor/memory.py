@@ -12,6 +12,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from g906.arch.hybrid import HybridShape
+
 GiB = 1024 ** 3
 MiB = 1024 ** 2
 
@@ -172,22 +174,20 @@ def estimate_memory(
         notes.append(f"max_model_len not set: the model's own context ({ctx} tokens) is assumed")
     seqs = max(1, int(plan.max_num_seqs or 1))
 
-    # --- KV cache (full-attention layers) -----------------------------------------------------
-    kv_per_rank = math.ceil(kv_heads / tp) if kv_heads else 0
-    kv_token = n_full * 2 * kv_per_rank * head_dim * act_bytes
-    kv_cache = kv_token * ctx * seqs
-
-    # --- linear-attention state (per sequence, per linear layer) -------------------------------
-    k_heads = _int(facts, "linear_num_key_heads", "gguf/ssm.group_count") or 16
-    v_heads = _int(facts, "linear_num_value_heads", "gguf/ssm.time_step_rank") or 32
-    k_dim = _int(facts, "linear_key_head_dim", "gguf/ssm.state_size") or 128
+    # --- KV cache (full-attention layers) and linear-attention state: g906.arch's formulas ----
     inner = _int(facts, "gguf/ssm.inner_size")
-    v_dim = _int(facts, "linear_value_head_dim") or (inner // v_heads if inner and v_heads else 128)
-    conv_k = _int(facts, "linear_conv_kernel_dim", "gguf/ssm.conv_kernel") or 4
-    k_per_rank, v_per_rank = math.ceil(k_heads / tp), math.ceil(v_heads / tp)
-    recurrent = v_per_rank * k_dim * v_dim * state_bytes
-    conv = (2 * k_per_rank * k_dim + v_per_rank * v_dim) * conv_k * act_bytes  # rings of K inputs
-    linear_state = n_linear * (recurrent + conv) * seqs
+    v_heads = _int(facts, "linear_num_value_heads", "gguf/ssm.time_step_rank") or 32
+    shape = HybridShape(
+        num_full_layers=n_full, num_linear_layers=n_linear, num_key_value_heads=kv_heads or 0,
+        head_dim=head_dim,
+        linear_num_key_heads=_int(facts, "linear_num_key_heads", "gguf/ssm.group_count") or 16,
+        linear_num_value_heads=v_heads,
+        linear_key_head_dim=_int(facts, "linear_key_head_dim", "gguf/ssm.state_size") or 128,
+        linear_value_head_dim=_int(facts, "linear_value_head_dim") or (inner // v_heads if inner else 128),
+        linear_conv_kernel_dim=_int(facts, "linear_conv_kernel_dim", "gguf/ssm.conv_kernel") or 4,
+    )
+    kv_cache = shape.kv_bytes_per_token(act_bytes, tp) * ctx * seqs
+    linear_state = shape.state_bytes_per_sequence(act_bytes, tp, recurrent_bytes=state_bytes) * seqs
 
     # --- activations ---------------------------------------------------------------------------
     step_tokens = plan.max_num_batched_tokens or min(ctx, 4096)

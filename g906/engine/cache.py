@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from g906.arch.hybrid import HybridShape
 from g906.engine.config import ModelConfig
 
 
@@ -22,17 +23,13 @@ def _itemsize(dtype: torch.dtype) -> int:
 
 def kv_bytes_per_block(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """Bytes of K and V for one block of block_size tokens across all full-attention layers."""
-    n = len(config.full_attention_layers)
-    return n * 2 * block_size * config.num_key_value_heads * config.head_dim * _itemsize(dtype)
+    return block_size * HybridShape.of(config).kv_bytes_per_token(_itemsize(dtype))
 
 
 def state_bytes_per_slot(config: ModelConfig, dtype: torch.dtype) -> int:
     """Bytes of one sequence's linear-attention state across all linear layers (conv state in
     `dtype`, recurrent state in fp32)."""
-    n = len(config.linear_attention_layers)
-    conv = config.linear_conv_dim * config.linear_conv_kernel_dim * _itemsize(dtype)
-    ssm = config.linear_num_value_heads * config.linear_key_head_dim * config.linear_value_head_dim * 4
-    return n * (conv + ssm)
+    return HybridShape.of(config).state_bytes_per_sequence(_itemsize(dtype))
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""One entry point that loads any model source into a ready Qwen35ForCausalLM.
+"""One entry point that loads any model source into a ready model (the class its architecture
+names in g906.arch).
 
 Sources: a Hugging Face directory (config.json + safetensors), a GGUF file (or the first file
 of a split set), or "builtin:<name>" (synthetic models in g906.engine.builtin). Every source
@@ -28,7 +29,7 @@ _GFX9_BF16 = ("gfx90a", "gfx940", "gfx941", "gfx942", "gfx950")
 
 @dataclass
 class LoadedModel:
-    model: Any                      # Qwen35ForCausalLM
+    model: Any                      # the architecture's model class (e.g. Qwen35ForCausalLM)
     config: ModelConfig
     tokenizer: Any | None
     chat_template: str | None
@@ -162,14 +163,14 @@ def load_model(
 
         return load_model_tp(source, tensor_parallel_size=int(tensor_parallel_size), dtype=dtype, device=device,
                              devices=devices, chat_template=chat_template, progress=progress)
-    from g906.engine.models.qwen35 import Qwen35ForCausalLM
+    from g906.engine.models import model_class
 
     dev = torch.device(device) if device is not None else default_device()
     cdtype = resolve_dtype(dtype, dev)
     src, fmt = open_source(str(source))
     config = src.config()
     t0 = time.perf_counter()
-    model = Qwen35ForCausalLM(config, dtype=cdtype, device=dev)
+    model = model_class(config)(config, dtype=cdtype, device=dev)
     try:
         weights = src.weights(progress=progress)
     except TypeError:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from g906.arch import lookup, qwen35
+
 GGUF_MAGIC = b"GGUF"
 SHARD_RE = re.compile(r"^(?P<stem>.+)-(?P<idx>\d{5})-of-(?P<total>\d{5})\.gguf$", re.IGNORECASE)
 
@@ -107,27 +109,15 @@ def _plain(value: Any) -> Any:
     return value
 
 
-# GGUF "<arch>.<key>" -> the name used in Plan.model_facts (HF config spelling)
-_FACT_KEYS = {
-    "block_count": "num_hidden_layers",
-    "embedding_length": "hidden_size",
-    "feed_forward_length": "intermediate_size",
-    "attention.head_count": "num_attention_heads",
-    "attention.head_count_kv": "num_key_value_heads",
-    "attention.key_length": "head_dim",
-    "context_length": "context_length",
-    "full_attention_interval": "full_attention_interval",
-    "vocab_size": "vocab_size",
-}
-
-
 def header_facts(header: GGUFHeader) -> dict[str, Any]:
     """model_facts from a first-shard header: normalised names plus every scalar
     "<arch>.*" key under "gguf" (without the prefix)."""
     facts: dict[str, Any] = {}
     arch = header.architecture or ""
     raw = {k[len(arch) + 1:]: v for k, v in header.scalars.items() if arch and k.startswith(arch + ".")}
-    for gguf_key, name in _FACT_KEYS.items():
+    known = lookup(arch)
+    keys = known.gguf_fact_keys if known is not None and known.gguf_fact_keys else qwen35.GGUF_FACT_KEYS
+    for gguf_key, name in keys.items():
         v = raw.get(gguf_key)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             facts[name] = int(v)

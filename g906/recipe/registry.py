@@ -1,21 +1,17 @@
-"""The model registry (g906/data/models.toml): architectures and builtin synthetic models."""
+"""What the recipe resolver asks of the registries: the builtin synthetic models
+(g906/data/models.toml) and the architectures (g906.arch)."""
 
 from __future__ import annotations
 
-from functools import lru_cache
-from importlib import resources
 from typing import Any
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+from g906 import data as _data
+from g906.arch import registry as _arch
+from g906.arch.spec import Architecture
 
 
-@lru_cache(maxsize=1)
 def registry() -> dict[str, Any]:
-    text = resources.files("g906.data").joinpath("models.toml").read_text(encoding="utf-8")
-    return tomllib.loads(text)
+    return _data.load("models")
 
 
 def builtin_names() -> list[str]:
@@ -26,19 +22,14 @@ def builtin_entry(name: str) -> dict[str, Any] | None:
     return registry().get("builtin", {}).get(name)
 
 
-def architecture(name: str | None) -> tuple[str, dict[str, Any]] | None:
-    """The registry entry whose hf or gguf names include `name` (e.g. "qwen35",
-    "Qwen3_5ForConditionalGeneration"), as (key, entry)."""
-    if not name:
-        return None
-    for key, entry in registry().get("architectures", {}).items():
-        if name == key or name in entry.get("hf", []) or name in entry.get("gguf", []):
-            return key, entry
-    return None
+def architecture(name: str | None) -> Architecture | None:
+    """The architecture one of whose names is `name` ("qwen35", "Qwen3_5ForConditionalGeneration"...)."""
+    return _arch.lookup(name)
+
+
+def embedded_architectures() -> list[str]:
+    return [a.name for a in _arch.embedded()]
 
 
 def known_architecture_names() -> list[str]:
-    names: list[str] = []
-    for entry in registry().get("architectures", {}).values():
-        names += entry.get("hf", []) + entry.get("gguf", [])
-    return names
+    return _arch.known_names()

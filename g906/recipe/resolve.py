@@ -340,13 +340,13 @@ def _check_architecture(cx: _Ctx, recipe: Recipe, arch: str | None) -> None:
     if recipe.engine.kind != "embedded":
         return
     found = registry.architecture(arch)
-    runs = ", ".join(k for k, e in registry.registry().get("architectures", {}).items() if e.get("embedded", True))
+    runs = ", ".join(registry.embedded_architectures())
     if arch is None:
         cx.warn(_SOURCE, "the model does not declare its architecture")
     elif found is None:
         cx.error(_SOURCE, f"the embedded engine does not run {arch!r} models (it runs: {runs})",
                  'engine.kind = "vllm" hands the model to an installed vLLM')
-    elif found[1].get("embedded", True) is False:
+    elif not found.embedded:
         cx.error(_SOURCE, f"the embedded engine does not run {arch!r} models yet",
                  'engine.kind = "vllm" hands the model to an installed vLLM')
 
@@ -354,11 +354,11 @@ def _check_architecture(cx: _Ctx, recipe: Recipe, arch: str | None) -> None:
 def _check_tensor_parallel(cx: _Ctx, recipe: Recipe, model: _Model) -> None:
     """The embedded engine splits attention/KV/linear-attention heads and MLP features over the
     ranks: tensor_parallel_size must divide each count (the engine applies the same rule,
-    g906.engine.parallel.rules; counts the files do not give are checked at load)."""
+    g906.arch.tp; counts the files do not give are checked at load)."""
     tp = recipe.parallel.tensor_parallel_size
     if tp <= 1 or recipe.engine.kind != "embedded":
         return
-    from g906.engine.parallel.rules import tp_message, valid_tp_sizes
+    from g906.arch.tp import tp_message, valid_tp_sizes
 
     msg = tp_message(model.facts, tp)
     if msg:

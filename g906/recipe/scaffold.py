@@ -111,8 +111,8 @@ def scaffold(model_source: str, output: Path | None = None) -> str:
         limits["max_model_len"] = "32k" if not isinstance(ctx, int) or ctx >= 32768 else ctx
     engine: dict[str, Any] = {}
     family = registry.architecture(plan.architecture)
-    if family is not None and family[0].startswith("qwen35"):
-        engine["reasoning_parser"] = "qwen3"  # Qwen3.5 thinks in <think>...</think>
+    if family is not None and family.reasoning_parser:
+        engine["reasoning_parser"] = family.reasoning_parser
     vision = plan.mmproj_path is not None or facts.get("multimodal") is True
 
     head = [f"# g906 recipe for {plan.served_model_name}"]

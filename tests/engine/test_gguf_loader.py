@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 
-from g906.engine.config import ModelConfig
+from g906.arch import config_from_hf_dir
 from g906.engine.loaders.gguf import GGUFModelFile, linear_attn_to_grouped, linear_attn_to_tiled
 from g906.engine.weights import QuantizedTensor
 
@@ -56,7 +56,7 @@ def _grouped_state(f: GGUFModelFile) -> dict[str, torch.Tensor]:
 
 def test_config_matches_hf(f32_gguf, tiny_qwen35_hf_dir):
     got = GGUFModelFile.open(f32_gguf).config()
-    ref = ModelConfig.from_hf_dir(tiny_qwen35_hf_dir)
+    ref = config_from_hf_dir(tiny_qwen35_hf_dir)
     for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                   "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "partial_rotary_factor",
                   "max_position_embeddings", "layer_types", "linear_conv_kernel_dim", "linear_key_head_dim",

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
+from g906.arch import config_from_hf
 from g906.engine.cache import ModelCache, kv_bytes_per_block, state_bytes_per_slot
-from g906.engine.config import ModelConfig
 from g906.engine.loader import load_model, resolve_dtype
 from g906.engine.models.qwen35 import Qwen35ForCausalLM
 from g906.errors import G906Error
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 @pytest.fixture(scope="module")
 def tiny_cfg(tiny_qwen35_hf_model):
-    return ModelConfig.from_hf_dict(tiny_qwen35_hf_model.config.to_dict())
+    return config_from_hf(tiny_qwen35_hf_model.config.to_dict())
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from g906.engine.config import ModelConfig
+from g906.arch import config_from_hf
 from g906.engine.loader import load_model
 from g906.engine.models.qwen35 import Qwen35ForCausalLM
 
@@ -226,7 +226,7 @@ def _tiled_state_dict(hf_model) -> dict[str, torch.Tensor]:
 
 
 def test_tiled_v_head_order_gives_identical_logits(g906_tiny, tiny_qwen35_hf_model, hf_refs):
-    cfg = ModelConfig.from_hf_dict(tiny_qwen35_hf_model.config.to_dict())
+    cfg = config_from_hf(tiny_qwen35_hf_model.config.to_dict())
     cfg.linear_v_head_order = "tiled"
     model = Qwen35ForCausalLM(cfg, dtype=torch.float32, device="cpu")
     model.load_weights(_tiled_state_dict(tiny_qwen35_hf_model).items())
@@ -238,7 +238,7 @@ def test_tiled_v_head_order_gives_identical_logits(g906_tiny, tiny_qwen35_hf_mod
     assert rel_err(got, hf_refs("logits", 300)[-1]) < TOL
     assert tiled.greedy(1, random_prompt(17, seed=17), 32) == hf_refs("greedy", 17)
     # the grouped reading of tiled weights is wrong: the test does see the order
-    cfg2 = ModelConfig.from_hf_dict(tiny_qwen35_hf_model.config.to_dict())
+    cfg2 = config_from_hf(tiny_qwen35_hf_model.config.to_dict())
     wrong = Qwen35ForCausalLM(cfg2, dtype=torch.float32, device="cpu")
     wrong.load_weights(_tiled_state_dict(tiny_qwen35_hf_model).items())
     assert rel_err(TinyRunner(wrong).step([0], [prompt])[0], grouped) > 1e-2
@@ -285,7 +285,7 @@ def test_sharded_bf16_checkpoint(tmp_path, tiny_qwen35_hf_model):
 
 
 def test_mtp_weights_are_kept_not_run(tiny_qwen35_hf_model, hf_refs):
-    cfg = ModelConfig.from_hf_dict(tiny_qwen35_hf_model.config.to_dict())
+    cfg = config_from_hf(tiny_qwen35_hf_model.config.to_dict())
     extra = [("mtp.fc.weight", torch.randn(64, 128)), ("mtp.norm.weight", torch.randn(64))]
     dropped = Qwen35ForCausalLM(cfg, dtype=torch.float32, device="cpu")
     stats = dropped.load_weights(list(tiny_qwen35_hf_model.state_dict().items()) + extra)
@@ -323,7 +323,7 @@ def test_quantized_q8_0_weights(tiny_qwen35_hf_model):
             weights.append((name, QuantizedTensor(torch.from_numpy(np.ascontiguousarray(raw)), "Q8_0", tuple(t.shape))))
         else:
             weights.append((name, t))
-    cfg = ModelConfig.from_hf_dict(tiny_qwen35_hf_model.config.to_dict())
+    cfg = config_from_hf(tiny_qwen35_hf_model.config.to_dict())
     model = Qwen35ForCausalLM(cfg, dtype=torch.float32, device="cpu")
     stats = model.load_weights(weights)
     assert stats["quantized_tensors"] > 20

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from g906.engine.config import ModelConfig
+from g906.arch import config_from_hf_dir
 from g906.engine.loaders.gguf import GGUFModelFile
 from g906.engine.tokenizer import Tokenizer
 from g906.engine.vision.runtime import load_vision
@@ -16,7 +16,7 @@ from tests.multimodal.mmproj_writer import write_mmproj
 
 
 def test_hf_dir(vl_hf_dir, vl_token_ids):
-    cfg = ModelConfig.from_hf_dir(vl_hf_dir)
+    cfg = config_from_hf_dir(vl_hf_dir)
     v = load_vision(vl_hf_dir, text_config=cfg, tokenizer=Tokenizer.from_hf_dir(vl_hf_dir))
     assert v.token_ids.image == vl_token_ids["<|image_pad|>"]
     assert v.token_ids.vision_start == vl_token_ids["<|vision_start|>"]
@@ -60,7 +60,7 @@ def test_hidden_size_mismatch(vl_gguf_dir):
 def test_bad_mmproj(vl_hf_dir, tmp_path, kw, msg):
     p = write_mmproj(vl_hf_dir, tmp_path / "mmproj-bad.gguf", **kw)
     with pytest.raises(G906Error, match=msg) as exc:
-        load_vision("unused", mmproj=p, text_config=ModelConfig.from_hf_dir(vl_hf_dir))
+        load_vision("unused", mmproj=p, text_config=config_from_hf_dir(vl_hf_dir))
     assert "mmproj-bad.gguf" in exc.value.message
 
 
@@ -78,5 +78,5 @@ def test_truncated_mmproj(vl_gguf_dir, tmp_path):
 
 
 def test_fp16_load(vl_hf_dir):
-    v = load_vision(vl_hf_dir, text_config=ModelConfig.from_hf_dir(vl_hf_dir), dtype=torch.float16)
+    v = load_vision(vl_hf_dir, text_config=config_from_hf_dir(vl_hf_dir), dtype=torch.float16)
     assert v.tower.merger.linear_fc2.weight.dtype == torch.float16

@@ -9,7 +9,7 @@ import torch
 
 from g906.engine.config import ModelConfig
 from g906.engine.layers.reference import kv_head_index
-from g906.engine.parallel.rules import check_tp_size, tp_message, tp_problems, valid_tp_sizes
+from g906.arch.tp import check_tp_size, tp_message, tp_problems, valid_tp_sizes
 from g906.engine.parallel.sharding import (
     linear_k_heads, linear_qkv_rows, linear_v_heads, local_config, shard_plan, take, vocab_range,
 )

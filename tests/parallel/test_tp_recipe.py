@@ -1,5 +1,5 @@
 """Recipe validation of tensor_parallel_size against the model's files (HF config.json, GGUF
-metadata): the resolver and the engine share one rule (g906.engine.parallel.rules), and the
+metadata): the resolver and the engine share one rule (g906.arch.tp), and the
 resolver applies it without importing torch."""
 
 from __future__ import annotations

@@ -8,27 +8,22 @@ import os
 from pathlib import Path
 from typing import Any
 
-from g906 import data as _data
+from g906.arch import ARCHITECTURES, Architecture, lookup
+from g906.arch import quant
 from g906.doctor import compat
 from g906.doctor.checks import Ctx, Result, check, fail, ok, skip, warn
 from g906.doctor.facts import normalise_arch
 from g906.doctor.memory import estimate_memory, fmt_bytes
 
 
-def _arch_entry(plan: Any) -> tuple[str | None, dict[str, Any] | None]:
-    arch = getattr(plan, "architecture", None)
-    if not arch:
-        return None, None
-    for key, entry in _data.load("models").get("architectures", {}).items():
-        if arch == key or arch in entry.get("hf", []) or arch in entry.get("gguf", []):
-            return key, entry
-    return None, None
+def _arch_entry(plan: Any) -> Architecture | None:
+    return lookup(getattr(plan, "architecture", None))
 
 
 def _is_moe(plan: Any) -> bool | None:
-    _, entry = _arch_entry(plan)
+    entry = _arch_entry(plan)
     if entry is not None:
-        return bool(entry.get("moe"))
+        return entry.moe
     facts = plan.model_facts or {}
     for k in ("num_experts", "n_routed_experts", "expert_count"):
         if isinstance(facts.get(k), int):
@@ -93,15 +88,15 @@ def architecture(ctx: Ctx) -> Result:
         return skip("no recipe given")
     if plan.model_format == "builtin":
         return ok("builtin synthetic model")
-    key, entry = _arch_entry(plan)
+    entry = _arch_entry(plan)
     if entry is None:
         return fail(f"architecture {plan.architecture!r} is not supported",
-                    "Known: " + ", ".join(_data.load("models").get("architectures", {})),
+                    "Known: " + ", ".join(a.name for a in ARCHITECTURES),
                     "use a Qwen3.5 model (qwen35) or hand over to vLLM with engine.kind = \"vllm\"")
-    if plan.engine_kind == "embedded" and entry.get("embedded", True) is False:
-        return fail(f"{key} is not run by the embedded engine yet",
+    if plan.engine_kind == "embedded" and not entry.embedded:
+        return fail(f"{entry.name} is not run by the embedded engine yet",
                     fix="set engine.kind = \"vllm\" in the recipe (vLLM handoff)")
-    return ok(f"{key}" + (" (MoE)" if entry.get("moe") else ""))
+    return ok(f"{entry.name}" + (" (MoE)" if entry.moe else ""))
 
 
 @check("recipe.gguf_types", "Recipe", "GGUF tensor types", needs_plan=True)
@@ -114,7 +109,7 @@ def gguf_types(ctx: Ctx) -> Result:
     types = dict(plan.gguf_tensor_types or {})
     if not types:
         return warn("no tensor types known for this GGUF", fix="check that the GGUF file is complete")
-    supported = set(_data.load("quant_types").get("types", {}))
+    supported = set(quant.gguf_types())
     bad = {t: n for t, n in types.items() if t not in supported}
     listing = ", ".join(f"{t} x{n}" for t, n in sorted(types.items()))
     if bad and plan.engine_kind == "embedded":

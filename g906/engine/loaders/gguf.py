@@ -1,13 +1,14 @@
 """GGUF model files (single or split) as llama.cpp's convert_hf_to_gguf.py writes them.
 
     f = GGUFModelFile.open("Qwen3.5-27B-UD-Q4_K_XL-00001-of-00002.gguf")
-    cfg = f.config()                      # ModelConfig (arch qwen35)
+    cfg = f.config()                      # ModelConfig, mapped by the file's g906.arch module
     for name, t in f.weights():           # HF names, HF semantics; quantized types stay quantized
         ...
     tok = f.tokenizer(); template = f.chat_template()
 
-What the converter does to a Qwen3.5 checkpoint, and how this loader undoes it (details and
-sources in docs/engine-gguf.md):
+The architecture module (g906/arch/<arch>.py) names every tensor and its transform; this file
+reads the tensors and applies the transforms. What the converter does to a Qwen3.5 checkpoint,
+and how the loader undoes it (details and sources in docs/engine-gguf.md):
 
 - zero-centred RMSNorm weights are stored with +1 added (all norms whose HF name ends in
   "norm.weight", including q_norm/k_norm and the MTP norms) except the linear-attention output
@@ -38,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from g906 import data as _data
+from g906.arch import quant as _quant
+from g906.arch import registry as _arch
 from g906.engine.config import ModelConfig
 from g906.engine.weights import QuantizedTensor
 from g906.errors import G906Error
@@ -50,45 +52,6 @@ log = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
 _SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
-
-# blk.N.<suffix> -> (HF suffix under model.layers.N. / mtp.layers.J., transform)
-_LAYER_MAP: dict[str, tuple[str, str]] = {
-    "attn_norm.weight": ("input_layernorm.weight", "norm"),
-    "post_attention_norm.weight": ("post_attention_layernorm.weight", "norm"),
-    "attn_q.weight": ("self_attn.q_proj.weight", ""),
-    "attn_k.weight": ("self_attn.k_proj.weight", ""),
-    "attn_v.weight": ("self_attn.v_proj.weight", ""),
-    "attn_output.weight": ("self_attn.o_proj.weight", ""),
-    "attn_q_norm.weight": ("self_attn.q_norm.weight", "norm"),
-    "attn_k_norm.weight": ("self_attn.k_norm.weight", "norm"),
-    "attn_qkv.weight": ("linear_attn.in_proj_qkv.weight", ""),
-    "attn_gate.weight": ("linear_attn.in_proj_z.weight", ""),
-    "ssm_beta.weight": ("linear_attn.in_proj_b.weight", ""),
-    "ssm_alpha.weight": ("linear_attn.in_proj_a.weight", ""),
-    "ssm_conv1d.weight": ("linear_attn.conv1d.weight", "conv"),
-    "ssm_dt.bias": ("linear_attn.dt_bias", ""),
-    "ssm_a": ("linear_attn.A_log", "a_log"),
-    "ssm_norm.weight": ("linear_attn.norm.weight", ""),
-    "ssm_out.weight": ("linear_attn.out_proj.weight", ""),
-    "ffn_gate.weight": ("mlp.gate_proj.weight", ""),
-    "ffn_up.weight": ("mlp.up_proj.weight", ""),
-    "ffn_down.weight": ("mlp.down_proj.weight", ""),
-}
-# MTP block-level tensors (on the first MTP block) -> HF names
-_NEXTN_MAP: dict[str, tuple[str, str]] = {
-    "nextn.eh_proj.weight": ("mtp.fc.weight", ""),
-    "nextn.enorm.weight": ("mtp.pre_fc_norm_embedding.weight", "norm"),
-    "nextn.hnorm.weight": ("mtp.pre_fc_norm_hidden.weight", "norm"),
-    "nextn.shared_head_norm.weight": ("mtp.norm.weight", "norm"),
-}
-_GLOBAL_MAP: dict[str, tuple[str, str]] = {
-    "token_embd.weight": ("model.embed_tokens.weight", ""),
-    "output_norm.weight": ("model.norm.weight", "norm"),
-    "output.weight": ("lm_head.weight", ""),
-}
-_LINEAR_ONLY = {k for k, (v, _) in _LAYER_MAP.items() if v.startswith("linear_attn.")}
-_FULL_ONLY = {k for k, (v, _) in _LAYER_MAP.items() if v.startswith("self_attn.")}
-
 
 @dataclass(frozen=True)
 class TensorEntry:
@@ -104,7 +67,7 @@ class TensorEntry:
 
 
 def _type_table() -> dict[str, dict]:
-    return _data.load("quant_types")["types"]
+    return _quant.gguf_types()
 
 
 def _ggml_type_name(type_id: int) -> str:
@@ -311,155 +274,22 @@ class GGUFModelFile:
         """Total size of the file(s) on disk."""
         return sum(p.stat().st_size for p in self.paths)
 
-    def _check_arch(self) -> None:
-        arch = self.architecture
-        if arch is None:
-            raise G906Error(f"{self.path}: GGUF metadata has no general.architecture")
-        archs = _data.load("models").get("architectures", {})
-        for key, info in archs.items():
-            if arch in info.get("gguf", []):
-                if info.get("embedded", True) is False:
-                    raise G906Error(
-                        f"{self.path}: architecture {arch!r} is not run by the embedded engine",
-                        hint='use engine.kind = "vllm" in the recipe',
-                    )
-                if arch != "qwen35":
-                    break
-                return
-        raise G906Error(
-            f"{self.path}: unknown or unsupported architecture {arch!r}",
-            hint="the embedded engine runs Qwen3.5 dense GGUF files (general.architecture = qwen35)",
-        )
+    def arch(self):
+        """The g906.arch Architecture of this file (G906Error when the engine does not run it)."""
+        return _arch.for_engine(self.architecture, str(self.path))
 
     def config(self) -> ModelConfig:
         if self._config is not None:
             return self._config
-        self._check_arch()
-        md = self.metadata
-        k = self._arch_key
-        total_layers = int(k("block_count", required=True))
-        n_mtp = int(k("nextn_predict_layers", 0) or 0)
-        n_layers = total_layers - n_mtp
-        if n_layers <= 0:
-            raise G906Error(f"{self.path}: block_count {total_layers} leaves no main layers "
-                            f"after {n_mtp} MTP layer(s)")
-        hidden = int(k("embedding_length", required=True))
-        n_heads = k("attention.head_count", required=True)
-        n_kv = k("attention.head_count_kv", n_heads)
-        n_heads = _scalar_heads(n_heads)
-        n_kv = _scalar_heads(n_kv)
-        head_dim = int(k("attention.key_length", 0) or hidden // n_heads)
-        rope_dim = int(k("rope.dimension_count", 0) or head_dim // 4)
-        sections = [int(x) for x in (k("rope.dimension_sections", None) or [11, 11, 10])]
-        while len(sections) > 3 and sections[-1] == 0:
-            sections.pop()
-        interval = int(k("full_attention_interval", 4) or 4)
-        conv_k = int(k("ssm.conv_kernel", required=True))
-        d_k = int(k("ssm.state_size", required=True))
-        n_k = int(k("ssm.group_count", required=True))
-        n_v = int(k("ssm.time_step_rank", required=True))
-        inner = int(k("ssm.inner_size", required=True))
-        if n_v <= 0 or inner % n_v:
-            raise G906Error(f"{self.path}: ssm.inner_size {inner} is not a multiple of ssm.time_step_rank {n_v}")
-        emb = self._tensors.get("token_embd.weight")
-        if emb is None:
-            raise G906Error(f"{self.path}: tensor token_embd.weight is missing")
-        vocab = int(emb.shape[0])
         from g906.engine.tokenizer import gguf_eos_token_ids
 
-        eos_ids = gguf_eos_token_ids(md)
-        bos = md.get("tokenizer.ggml.bos_token_id")
-        pad = md.get("tokenizer.ggml.padding_token_id")
-        try:
-            cfg = ModelConfig(
-                vocab_size=vocab,
-                hidden_size=hidden,
-                intermediate_size=int(k("feed_forward_length", required=True)),
-                num_hidden_layers=n_layers,
-                num_attention_heads=n_heads,
-                num_key_value_heads=n_kv,
-                head_dim=head_dim,
-                rms_norm_eps=_f32(k("attention.layer_norm_rms_epsilon", 1e-6)),
-                rope_theta=_f32(k("rope.freq_base", 10_000_000.0)),
-                partial_rotary_factor=rope_dim / head_dim,
-                mrope_section=sections,
-                mrope_interleaved=True,
-                max_position_embeddings=int(k("context_length", 262_144)),
-                layer_types=["full_attention" if (i + 1) % interval == 0 else "linear_attention"
-                             for i in range(n_layers)],
-                linear_conv_kernel_dim=conv_k,
-                linear_key_head_dim=d_k,
-                linear_value_head_dim=inner // n_v,
-                linear_num_key_heads=n_k,
-                linear_num_value_heads=n_v,
-                # the converter reorders V heads whenever they outnumber K heads
-                linear_v_head_order="tiled" if n_v != n_k else "grouped",
-                tie_word_embeddings="output.weight" not in self._tensors,
-                num_mtp_layers=n_mtp,
-                bos_token_id=None if bos is None else int(bos),
-                eos_token_ids=eos_ids,
-                pad_token_id=None if pad is None else int(pad),
-                architecture="qwen35",
-            )
-        except G906Error as exc:
-            raise G906Error(f"{self.path}: {exc.message}", hint=exc.hint) from None
+        shapes = {name: t.shape for name, t in self._tensors.items()}
+        cfg = _arch.config_from_gguf(self.metadata, shapes, str(self.path))
+        cfg.eos_token_ids = gguf_eos_token_ids(self.metadata)
         self._config = cfg
         return cfg
 
     # ------------------------------------------------------------------ tensors
-
-    def _expected_shapes(self) -> dict[str, tuple[int, ...]]:
-        c = self.config()
-        H, I = c.hidden_size, c.intermediate_size
-        hd, nh, nkv = c.head_dim, c.num_attention_heads, c.num_key_value_heads
-        nk, nv, dk, dv = (c.linear_num_key_heads, c.linear_num_value_heads,
-                          c.linear_key_head_dim, c.linear_value_head_dim)
-        conv = 2 * nk * dk + nv * dv
-        full = {
-            "attn_q.weight": (2 * nh * hd, H), "attn_k.weight": (nkv * hd, H),
-            "attn_v.weight": (nkv * hd, H), "attn_output.weight": (H, nh * hd),
-            "attn_q_norm.weight": (hd,), "attn_k_norm.weight": (hd,),
-        }
-        lin = {
-            "attn_qkv.weight": (conv, H), "attn_gate.weight": (nv * dv, H),
-            "ssm_beta.weight": (nv, H), "ssm_alpha.weight": (nv, H),
-            "ssm_conv1d.weight": (conv, c.linear_conv_kernel_dim), "ssm_dt.bias": (nv,),
-            "ssm_a": (nv,), "ssm_norm.weight": (dv,), "ssm_out.weight": (H, nv * dv),
-        }
-        common = {
-            "attn_norm.weight": (H,), "post_attention_norm.weight": (H,),
-            "ffn_gate.weight": (I, H), "ffn_up.weight": (I, H), "ffn_down.weight": (H, I),
-        }
-        exp: dict[str, tuple[int, ...]] = {
-            "token_embd.weight": (c.vocab_size, H), "output_norm.weight": (H,),
-        }
-        if not c.tie_word_embeddings:
-            exp["output.weight"] = (c.vocab_size, H)
-        for i, kind in enumerate(c.layer_types):
-            for suf, shp in {**common, **(full if kind == "full_attention" else lin)}.items():
-                exp[f"blk.{i}.{suf}"] = shp
-        return exp
-
-    def _mtp_shapes(self) -> dict[str, tuple[int, ...]]:
-        c = self.config()
-        H = c.hidden_size
-        out: dict[str, tuple[int, ...]] = {}
-        L = c.num_hidden_layers
-        if c.num_mtp_layers:
-            out.update({f"blk.{L}.nextn.eh_proj.weight": (H, 2 * H), f"blk.{L}.nextn.enorm.weight": (H,),
-                        f"blk.{L}.nextn.hnorm.weight": (H,), f"blk.{L}.nextn.shared_head_norm.weight": (H,)})
-        hd, nh, nkv, I = c.head_dim, c.num_attention_heads, c.num_key_value_heads, c.intermediate_size
-        for j in range(c.num_mtp_layers):
-            b = L + j
-            out.update({
-                f"blk.{b}.attn_norm.weight": (H,), f"blk.{b}.post_attention_norm.weight": (H,),
-                f"blk.{b}.attn_q.weight": (2 * nh * hd, H), f"blk.{b}.attn_k.weight": (nkv * hd, H),
-                f"blk.{b}.attn_v.weight": (nkv * hd, H), f"blk.{b}.attn_output.weight": (H, nh * hd),
-                f"blk.{b}.attn_q_norm.weight": (hd,), f"blk.{b}.attn_k_norm.weight": (hd,),
-                f"blk.{b}.ffn_gate.weight": (I, H), f"blk.{b}.ffn_up.weight": (I, H),
-                f"blk.{b}.ffn_down.weight": (H, I),
-            })
-        return out
 
     def validate(self) -> None:
         """Check architecture, tensor presence, shapes and types; raise G906Error naming the problem."""
@@ -467,7 +297,7 @@ class GGUFModelFile:
             return
         self.config()
         supported = _type_table()
-        expected = self._expected_shapes()
+        expected = self.arch().gguf_shapes(self.config())
         for name, shape in expected.items():
             t = self._tensors.get(name)
             if t is None:
@@ -477,7 +307,7 @@ class GGUFModelFile:
                 raise G906Error(
                     f"{t.path}: tensor {name} has shape {list(t.shape)}, expected {list(shape)} "
                     "from the model metadata")
-        for name, shape in self._mtp_shapes().items():
+        for name, shape in self.arch().gguf_optional_shapes(self.config()).items():
             t = self._tensors.get(name)
             if t is not None and tuple(t.shape) != tuple(shape):
                 raise G906Error(f"{t.path}: tensor {name} has shape {list(t.shape)}, expected {list(shape)}")
@@ -492,26 +322,7 @@ class GGUFModelFile:
 
     def hf_name(self, gguf_name: str) -> tuple[str, str] | None:
         """GGUF tensor name -> (HF name, transform) or None for tensors g906 does not use."""
-        if gguf_name in _GLOBAL_MAP:
-            return _GLOBAL_MAP[gguf_name]
-        m = re.match(r"^blk\.(\d+)\.(.+)$", gguf_name)
-        if not m:
-            return None
-        b, suf = int(m.group(1)), m.group(2)
-        c = self.config()
-        L = c.num_hidden_layers
-        if b < L:
-            if suf in _LAYER_MAP:
-                hf, tr = _LAYER_MAP[suf]
-                return f"model.layers.{b}.{hf}", tr
-            return None
-        if b < L + c.num_mtp_layers:
-            if suf in _NEXTN_MAP:
-                return _NEXTN_MAP[suf]
-            if suf in _LAYER_MAP and suf not in _LINEAR_ONLY:
-                hf, tr = _LAYER_MAP[suf]
-                return f"mtp.layers.{b - L}.{hf}", tr
-        return None
+        return self.arch().gguf_to_hf(gguf_name, self.config())
 
     def raw_tensor(self, name: str) -> torch.Tensor | QuantizedTensor:
         """The tensor as stored (no semantic transform): dense torch tensor in the file dtype
@@ -573,18 +384,6 @@ class GGUFModelFile:
     def chat_template(self) -> str | None:
         v = self.metadata.get("tokenizer.chat_template")
         return v if isinstance(v, str) and v else None
-
-
-def _f32(v: Any) -> float:
-    """A float32 metadata value as the shortest decimal that round-trips (1e-06, not 9.99e-07)."""
-    return float(str(np.float32(v)))
-
-
-def _scalar_heads(v: Any) -> int:
-    if isinstance(v, list):  # per-layer head counts: linear layers carry 0
-        nz = [int(x) for x in v if int(x)]
-        return max(nz) if nz else 0
-    return int(v)
 
 
 def _dense(t: torch.Tensor | QuantizedTensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ from typing import Iterator
 
 import torch
 
+from g906.arch import config_from_hf_dir
 from g906.engine.config import ModelConfig
 from g906.errors import G906Error
 
@@ -88,7 +89,7 @@ class HFModelDir:
 
     def config(self) -> ModelConfig:
         if self._config is None:
-            self._config = ModelConfig.from_hf_dir(self.path)
+            self._config = config_from_hf_dir(self.path)
         return self._config
 
     def weights(self, progress: bool = False) -> Iterator[tuple[str, torch.Tensor]]:

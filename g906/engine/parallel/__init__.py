@@ -12,7 +12,7 @@ See docs/parallel.md. Importing this package does not import torch."""
 
 from __future__ import annotations
 
-from g906.engine.parallel.rules import check_tp_size, tp_message, tp_problems, valid_tp_sizes  # noqa: F401
+from g906.arch.tp import check_tp_size, tp_message, tp_problems, valid_tp_sizes  # noqa: F401
 
 
 def load_model_tp(*args, **kwargs):

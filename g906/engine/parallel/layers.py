@@ -1,6 +1,6 @@
 """Parallel layers and one rank's model.
 
-build_rank_model() makes a Qwen35ForCausalLM of the rank's local config (heads and intermediate
+build_rank_model() makes the model (its architecture's class) of the rank's local config (heads and intermediate
 size divided by tp: column-parallel projections come out the right size by themselves) and swaps
 in, by module name:
   o_proj, linear_attn.out_proj, mlp.down_proj -> RowParallelLinear (partial sums, all-reduced)
@@ -63,11 +63,11 @@ class VocabParallelEmbedding(Embedding):
 
 
 def build_rank_model(config: ModelConfig, comm: Comm, *, dtype: torch.dtype, device, keep_mtp: bool = False):
-    """The rank's Qwen35ForCausalLM (global config in, local shapes out); weights not loaded."""
-    from g906.engine.models.qwen35 import Qwen35ForCausalLM
+    """The rank's model (global config in, local shapes out); weights not loaded."""
+    from g906.engine.models import model_class
 
     local = local_config(config, comm.size)
-    model = Qwen35ForCausalLM(local, dtype=dtype, device=device,
+    model = model_class(config)(local, dtype=dtype, device=device,
                               max_positions=config.max_position_embeddings, keep_mtp=keep_mtp)
     for layer in model.model.layers:
         if layer.layer_type == "full_attention":

@@ -176,8 +176,12 @@ def _plain(v):
 
 def is_mmproj(path: str | Path) -> bool:
     try:
-        from g906.recipe.gguf_info import read_header
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                return False
+        from gguf import GGUFReader
 
-        return read_header(Path(path)).architecture == "clip"
-    except Exception:  # noqa: BLE001
+        field = GGUFReader(str(path)).fields.get("general.architecture")
+        return field is not None and field.contents() == "clip"
+    except Exception:  # noqa: BLE001 - a damaged file is simply not a projector
         return False

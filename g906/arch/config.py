@@ -1,0 +1,102 @@
+"""ModelConfig: one description of a hybrid (Gated DeltaNet + full attention) text model. Each
+architecture module of g906.arch fills it from an HF config.json or from GGUF metadata; the
+engine builds the model from it, the recipe resolver and the doctor size memory and tensor
+parallelism from it. Torch-free."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from g906.errors import G906Error
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int              # main layers only (MTP layers are counted separately)
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10_000_000.0
+    partial_rotary_factor: float = 0.25
+    mrope_section: list[int] = field(default_factory=lambda: [11, 11, 10])
+    mrope_interleaved: bool = True
+    max_position_embeddings: int = 262_144
+    layer_types: list[str] = field(default_factory=list)  # "linear_attention" | "full_attention"
+    linear_conv_kernel_dim: int = 4
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    linear_num_key_heads: int = 16
+    linear_num_value_heads: int = 32
+    # How value heads map to key heads in the linear-attention tensors: HF checkpoints group
+    # them (v head j uses k head j // ratio); llama.cpp's GGUF converter reorders them so that
+    # v head j uses k head j % num_k_heads ("tiled"). The model computes either way, so
+    # quantized GGUF tensors never need re-blocking.
+    linear_v_head_order: Literal["grouped", "tiled"] = "grouped"
+    tie_word_embeddings: bool = False
+    num_mtp_layers: int = 0             # multi-token-prediction blocks (kept loadable, not run)
+    bos_token_id: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+    pad_token_id: int | None = None
+    architecture: str = "qwen35"
+    # multimodal token ids when the checkpoint has a vision tower (None for text-only)
+    image_token_id: int | None = None
+    vision_start_token_id: int | None = None
+    vision_end_token_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.layer_types:
+            self.layer_types = [
+                "full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                for i in range(self.num_hidden_layers)
+            ]
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise G906Error(
+                f"model config lists {len(self.layer_types)} layer types for {self.num_hidden_layers} layers"
+            )
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise G906Error(
+                f"linear_num_value_heads ({self.linear_num_value_heads}) is not a multiple of "
+                f"linear_num_key_heads ({self.linear_num_key_heads})"
+            )
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def full_attention_layers(self) -> list[int]:
+        return [i for i, t in enumerate(self.layer_types) if t == "full_attention"]
+
+    @property
+    def linear_attention_layers(self) -> list[int]:
+        return [i for i, t in enumerate(self.layer_types) if t == "linear_attention"]
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Channels of the causal conv1d: q, k and v concatenated."""
+        return 2 * self.linear_num_key_heads * self.linear_key_head_dim + (
+            self.linear_num_value_heads * self.linear_value_head_dim
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def read_json_object(p: Path, *, missing: str = "file not found") -> dict[str, Any]:
+    """A JSON file that must hold an object (config.json and friends), with clear errors."""
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise G906Error(f"{p}: {missing}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise G906Error(f"{p}: cannot read it: {exc}") from None
+    if not isinstance(data, dict):
+        raise G906Error(f"{p}: expected a JSON object")
+    return data
