@@ -410,17 +410,5 @@ class IncrementalDetokenizer:
         return delta
 
 
-def load_tokenizer(source: str | os.PathLike[str]) -> Tokenizer:
-    """A tokenizer from an HF model directory, a tokenizer.json file or a .gguf file."""
-    p = Path(source)
-    if p.is_dir():
-        return Tokenizer.from_hf_dir(p)
-    if p.suffix == ".gguf":
-        from g906.engine.loaders.gguf import GGUFModelFile
-
-        return GGUFModelFile.open(p).tokenizer()
-    return Tokenizer.from_file(p)
-
-
-__all__ = ["IncrementalDetokenizer", "Tokenizer", "load_tokenizer", "QWEN2_PRETOKENIZE_REGEX",
+__all__ = ["IncrementalDetokenizer", "Tokenizer", "QWEN2_PRETOKENIZE_REGEX",
            "QWEN35_PRETOKENIZE_REGEX"]

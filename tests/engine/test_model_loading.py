@@ -9,7 +9,8 @@ import torch
 
 from g906.arch import config_from_hf
 from g906.engine.cache import ModelCache, kv_bytes_per_block, state_bytes_per_slot
-from g906.engine.loader import load_model, resolve_dtype
+from g906.engine.device import resolve_dtype
+from g906.engine.loader import load_model
 from g906.engine.models.qwen35 import Qwen35ForCausalLM
 from g906.errors import G906Error
 

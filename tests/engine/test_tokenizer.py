@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from g906.engine.loaders.gguf import GGUFModelFile
-from g906.engine.tokenizer import IncrementalDetokenizer, Tokenizer, load_tokenizer
+from g906.engine.sources import load_tokenizer
+from g906.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from g906.errors import G906Error
 
 from .gguf_writer import write_gguf
