@@ -206,7 +206,13 @@ def serve(cmd, *, log_file: str | os.PathLike | None = None, ready_timeout_s: fl
     "profiling memory", "compiling" and "ready". Raises PortInUseError before starting,
     VllmStartupError when the server exits before it is ready (details: its last log lines;
     exit_code: its status), VllmStartupTimeout when it is not ready within ready_timeout_s
-    (default: the recipe's engine.vllm.startup_timeout_s; the process group is stopped)."""
+    (default: the recipe's engine.vllm.startup_timeout_s; the process group is stopped).
+    A command built for a vLLM a dry run only assumed raises VllmNotFoundError."""
+    if getattr(cmd, "assumed", None):
+        raise VllmNotFoundError(f"no vLLM to start: this command was built for vLLM {cmd.version}, which a dry "
+                                f"run assumed because none was found",
+                                "install vLLM, activate its environment, or set engine.vllm.executable / "
+                                "engine.vllm.python")
     if cmd.missing_secrets:
         names = ", ".join(f"${n}" for n in cmd.missing_secrets)
         raise MissingSecretError(f"{names} is not set, so vLLM would start without its API key",

@@ -2,10 +2,11 @@
 
 Entry points for `g906 up` (see docs/vllm.md):
 
-    install = detect_vllm(python=..., executable=...)      # version + flags, cached
+    install = detect_vllm_for_plan(plan, assume_if_missing=dry_run)   # version + flags, cached
     problems = check_plan_against_vllm(plan, install)      # [] when vLLM can do what the recipe asks
     cmd = build_vllm_command(plan, install)                 # VllmCommand(argv, env, display)
     print(format_dry_run(cmd))                              # --dry-run: copy-paste ready
+    print_json(dry_run_json(cmd))                           # --dry-run --json
     rc = serve(cmd, log_file=..., ready_timeout_s=..., on_phase=...)
 
 The argv follows the gfx906 forks' documented command lines (gfx906-vllm, vllm-gfx906-mobydick):
@@ -36,12 +37,13 @@ from g906.backends.errors import (
     VllmUnsupportedError,
 )
 from g906.backends.supervise import PHASES, PhaseSpinner, serve
+from g906.backends.vllm_assumed import newest_known_vllm
 from g906.backends.vllm_detect import VllmInstall, detect_vllm
 from g906.backends.vllm_help import canonical_flag
 
 __all__ = [
     "VllmCommand", "VllmInstall", "build_vllm_command", "check_plan_against_vllm", "detect_vllm",
-    "detect_vllm_for_plan", "default_log_file", "format_dry_run", "serve", "PHASES", "PhaseSpinner", "vllm_problems",
+    "detect_vllm_for_plan", "default_log_file", "dry_run_json", "format_dry_run", "serve", "PHASES", "PhaseSpinner", "vllm_problems",
     "VllmError", "VllmNotFoundError", "VllmProbeError", "VllmUnsupportedError", "MissingSecretError",
     "PortInUseError", "VllmStartupError", "VllmStartupTimeout",
 ]
@@ -86,6 +88,7 @@ class VllmCommand:
     api_key: str | None = field(default=None, repr=False)
     startup_timeout_s: float = 900.0
     version: str = "unknown"
+    assumed: str | None = None                # no vLLM found: the dry run says what it assumed
     missing_secrets: list[str] = field(default_factory=list)
     redacted_argv: list[str] = field(default_factory=list)
 
@@ -100,8 +103,12 @@ class VllmCommand:
 # --------------------------------------------------------------------------- helpers
 
 
-def detect_vllm_for_plan(plan, *, refresh: bool = False) -> VllmInstall:
-    """detect_vllm with the recipe's engine.vllm.python / engine.vllm.executable."""
+def detect_vllm_for_plan(plan, *, refresh: bool = False, assume_if_missing: bool = False) -> VllmInstall:
+    """detect_vllm with the recipe's engine.vllm.python / engine.vllm.executable.
+
+    assume_if_missing (for --dry-run): where no vLLM is found, return the newest vLLM g906 knows
+    instead of raising VllmNotFoundError; its `assumed` sentence says so. A vLLM that is found but
+    cannot be read still raises: the user has one, and it is broken."""
     opts = plan.recipe.engine.vllm
     base = Path(plan.recipe_path).parent if plan.recipe_path is not None else None
 
@@ -112,7 +119,13 @@ def detect_vllm_for_plan(plan, *, refresh: bool = False) -> VllmInstall:
         p = Path(os.path.expanduser(value))
         return str(p if p.is_absolute() else base / p)
 
-    return detect_vllm(python=here(opts.python), executable=here(opts.executable), refresh=refresh)
+    python, executable = here(opts.python), here(opts.executable)
+    try:
+        return detect_vllm(python=python, executable=executable, refresh=refresh)
+    except VllmNotFoundError as exc:
+        if not assume_if_missing or (python and executable):
+            raise
+        return newest_known_vllm(python=python, executable=executable, reason=exc.message)
 
 
 def _num(x: float) -> str:
@@ -218,6 +231,12 @@ def _check_extra_args(extra: list[str], install: VllmInstall) -> list[str]:
         info = install.flag(name)
         if info is None and re.match(r"^-O[^-]", tok):
             info = install.flag("-O") or install.flag("--optimization-level")
+        if info is None and install.assumed:
+            # no vLLM to ask: pass unknown flags on as given, but keep what the recipe owns
+            if name in MANAGED_FLAGS:
+                problems.append(f"engine.vllm.extra_args[{i}]: {tok.split('=', 1)[0]} is set by g906 from the "
+                                f"recipe; use {MANAGED_FLAGS[name]} instead")
+            continue
         if info is None:
             close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
             hint = f"; did you mean {close[0]}?" if close else ""
@@ -446,7 +465,7 @@ def build_vllm_command(plan, vllm: VllmInstall, *, environ: Mapping[str, str] | 
         argv=argv, env=built.env, display=display, unset_env=unset, host=plan.host, port=plan.port,
         served_model_name=plan.served_model_name, api_key=api_key,
         startup_timeout_s=float(plan.recipe.engine.vllm.startup_timeout_s), version=vllm.version,
-        missing_secrets=missing, redacted_argv=redacted,
+        assumed=vllm.assumed, missing_secrets=missing, redacted_argv=redacted,
     )
 
 
@@ -464,9 +483,22 @@ def default_log_file(cmd: VllmCommand) -> Path:
 
 def format_dry_run(cmd: VllmCommand) -> str:
     """The command as shell text a user can paste: env assignments, then the quoted argv."""
-    head = f"# vLLM {cmd.version}; OpenAI API on http://{cmd.host}:{cmd.port}/v1 as {cmd.served_model_name!r}"
+    version = f"{cmd.version} (assumed)" if cmd.assumed else cmd.version
+    head = f"# vLLM {version}; OpenAI API on http://{cmd.host}:{cmd.port}/v1 as {cmd.served_model_name!r}"
     out = [head]
+    if cmd.assumed:
+        out.append(f"# {cmd.assumed}")
     for name in cmd.missing_secrets:
         out.append(f"# ${name} is not set: export it before running this")
     out.append(cmd.display)
     return "\n".join(out)
+
+
+def dry_run_json(cmd: VllmCommand) -> dict:
+    """What `g906 up --dry-run --json` prints for a vLLM recipe. argv shows an API key as "$VAR",
+    as the shell text does: a dry run's output gets pasted into issues and logs."""
+    return {
+        "engine": "vllm", "vllm_version": cmd.version, "vllm_assumed": cmd.assumed,
+        "argv": list(cmd.redacted_argv), "env": dict(cmd.env), "unset_env": list(cmd.unset_env),
+        "missing_secrets": list(cmd.missing_secrets), "command": format_dry_run(cmd),
+    }

@@ -82,6 +82,9 @@ class VllmInstall:
     python: str | None = None               # interpreter that runs it, when known
     help_mode: str = "all"                  # "all" (--help=all) or "plain" (--help)
     reasoning_parsers: list[str] = field(default_factory=list)  # names found in its source (may be partial)
+    # Set when no vLLM was found and a dry run stands in the newest one g906 knows (vllm_assumed.py):
+    # the sentence that tells the user so. Such an install is never cached.
+    assumed: str | None = None
 
     def flag(self, name: str) -> FlagInfo | None:
         return self.flags.get(canonical_flag(name))
@@ -99,6 +102,8 @@ class VllmInstall:
 
     @property
     def describe(self) -> str:
+        if self.assumed:
+            return f"vLLM {self.version} (assumed: not installed here)"
         return f"vLLM {self.version} ({' '.join(self.command)})"
 
     def to_json(self) -> dict:
