@@ -386,7 +386,7 @@ def parse_gemv_config(spec: str) -> tuple[tuple[str, int, int], dict]:
     if len(parts) != 3:
         raise ValueError(f"{spec!r}: expected QTYPE:NxK:KEY=VALUE[,KEY=VALUE...]")
     qtype, shape, kvs = parts
-    from g906.kernels.linear.kernel import PQ_QTYPES
+    from g906.kernels.linear.packed_fields import PQ_QTYPES
 
     if qtype not in PQ_QTYPES:
         raise ValueError(f"{spec!r}: unknown packed type {qtype!r} (one of {', '.join(PQ_QTYPES)})")
@@ -415,7 +415,7 @@ def apply_gemv_configs(table: dict) -> None:
     """The engine's batch-1 packed GEMVs of these (qtype, rows, in-features) take these configs
     (an in-engine sweep: a GEMV's best config alone is not always its best among the step's
     kernels, docs/PERF.md E20)."""
-    from g906.kernels.linear import kernel as K
+    from g906.kernels.linear import packed_config as K
 
     base = getattr(K._pq_gemv_config, "__wrapped__", K._pq_gemv_config)
 

@@ -27,7 +27,7 @@ import triton.testing  # noqa: E402
 
 from g906.engine.weights import QuantizedTensor  # noqa: E402
 from g906.kernels import ops, registry  # noqa: E402,F401
-from g906.kernels.linear import kernel as linear_kernel  # noqa: E402
+from g906.kernels.linear import dense, gguf_matmul, packed, packed_config  # noqa: E402
 from g906.kernels.linear.reference import BLOCKS  # noqa: E402
 
 # Qwen3.5 text shapes (HF config.json: hidden, intermediate, q heads, kv heads, head_dim,
@@ -125,7 +125,7 @@ def bench_gemv(quick):
                 results = []
                 for cfg in sweep:
                     try:
-                        t = bench_graph(lambda: linear_kernel.dense_gemv(x, w, **cfg))
+                        t = bench_graph(lambda: dense.dense_gemv(x, w, **cfg))
                         results.append((t, cfg))
                     except Exception as e:  # a config may not compile on every target
                         print("   config", cfg, "failed:", type(e).__name__)
@@ -160,7 +160,7 @@ def bench_qgemv(quick):
                     results = []
                     for cfg in sweep:
                         try:
-                            t = bench_graph(lambda: linear_kernel.quant_matmul(x, w, **dict(cfg)))
+                            t = bench_graph(lambda: gguf_matmul.quant_matmul(x, w, **dict(cfg)))
                             results.append((t, cfg))
                         except Exception as e:
                             print("   config", cfg, "failed:", type(e).__name__)
@@ -201,8 +201,8 @@ def linq_extra(qt, base: dict) -> list[dict]:
 
 
 def _run_pairs(x, qt, base: dict, cfg: dict) -> int:
-    """The PAIRS a packed GEMV with `cfg` over `base` runs (linear.kernel._pq_pairs)."""
-    return linear_kernel._pq_pairs(x, qt, dict(base, **cfg), "PAIRS" in cfg)
+    """The PAIRS a packed GEMV with `cfg` over `base` runs (linear.packed_config._pq_pairs)."""
+    return packed_config._pq_pairs(x, qt, dict(base, **cfg), "PAIRS" in cfg)
 
 
 def sweep_label(cfg: dict, pairs: int | None) -> str:
@@ -244,23 +244,23 @@ def bench_linear_quant(quick):
                 x = torch.randn(T, K, dtype=torch.float16, device="cuda")
                 nbytes = w0.nbytes + T * (K + N) * 2
                 # same result from both kernels (sanity, not a test)
-                a = linear_kernel.quant_matmul(x, raws[0]).float()
-                b = linear_kernel.packed_matmul(x, packs[0]).float()
+                a = gguf_matmul.quant_matmul(x, raws[0]).float()
+                b = packed.packed_matmul(x, packs[0]).float()
                 err = float((a - b).norm() / a.norm().clamp_min(1e-30))
 
                 def old():
                     for w in raws:
-                        linear_kernel.quant_matmul(x, w)
+                        gguf_matmul.quant_matmul(x, w)
 
                 def run_new(cfg):
                     def f():
                         for p in packs:
-                            linear_kernel.packed_matmul(x, p, **cfg)
+                            packed.packed_matmul(x, p, **cfg)
                     return bench_graph(f, rep=50) / ncopy
 
                 ms_old = bench_graph(old, rep=50) / ncopy
                 ms_new = run_new({})
-                base = linear_kernel._pq_gemv_config(T, N, K, qt, x.device)
+                base = packed_config._pq_gemv_config(T, N, K, qt, x.device)
                 cfg_note = (f"default {dict(base, PAIRS=_run_pairs(x, qt, base, {}))}"
                             if T == 1 or torch.version.hip else "default (dot path)")
                 if not quick and (T == 1 or (N, K) == shapes[0]):

@@ -46,7 +46,7 @@ def _lanes(args) -> int:
 
 
 def _kernel_and_signature(args):
-    from g906.kernels.linear import kernel as K
+    from g906.kernels.linear import dense, packed_fields, packed_gemv
 
     # the split RMSNorm's operands (g906/kernels/linear/residual_norm.py)
     norm_ptrs = {"r_ptr": "*fp16", "hn_ptr": "*fp16", "anw_ptr": "*fp16", "ss_out_ptr": "*fp32",
@@ -55,17 +55,17 @@ def _kernel_and_signature(args):
     if args.qtype == "ATTN":
         return _attention_kernel_and_signature(args)
     if args.qtype == "F16":
-        fn = K._gemv_kernel
+        fn = dense._gemv_kernel
         ptrs = {"x_ptr": "*fp16", "w_ptr": "*fp16", "out_ptr": "*fp16", "z_ptr": "*fp16",
                 "nw_ptr": "*fp16", **norm_ptrs}
         const = dict(BLOCK_N=args.rows, BLOCK_K=args.block_k, BLOCK_T=1, USE_DOT=False,
                      EVEN_K=True, PRO=0, G=1, PDL=args.pdl, **norm)
     else:
-        fn = K._pq_gemv_kernel
+        fn = packed_gemv._pq_gemv_kernel
         a_t, b_t = PLANE_TYPES[args.qtype]
         ptrs = {"x_ptr": "*fp16", "qs_ptr": "*i32", "qh_ptr": "*i32", "out_ptr": "*fp16",
                 "a_ptr": a_t, "b_ptr": b_t, **norm_ptrs}
-        const = dict(QT=K.PQ_QTYPES[args.qtype], E=K.PQ_E[args.qtype], H=_lanes(args) * args.warps,
+        const = dict(QT=packed_fields.PQ_QTYPES[args.qtype], E=packed_fields.PQ_E[args.qtype], H=_lanes(args) * args.warps,
                      BLOCK_N=args.rows, BLOCK_T=args.tokens, EVEN=True, PREFETCH=args.prefetch,
                      PAIRS=(0 if args.no_pairs else args.pairs if args.pairs is not None
                             else 2 if args.qtype == "Q4_K" else 1),
@@ -81,13 +81,12 @@ def _plane_strides(args) -> dict:
     kernel), read off a one-row weight packed as the engine packs it."""
     import torch
 
-    from g906.kernels.linear import kernel as K
-    from g906.kernels.linear import repack
+    from g906.kernels.linear import packed_config, repack
     from g906.kernels.linear.reference import BLOCKS
 
     be, bb = BLOCKS[args.qtype]
     raw = torch.zeros(1, args.k // be * bb, dtype=torch.uint8)
-    planes = K._pq_args(repack.pack(raw, args.qtype, (1, args.k)))
+    planes = packed_config._pq_args(repack.pack(raw, args.qtype, (1, args.k)))
     return {name: p.stride(0) for name, p in zip(("sq", "sh", "sa", "sb"), planes)}
 
 
@@ -103,11 +102,11 @@ def _row_pairs(args) -> bool:
 
 def _preload(args) -> int:
     """The packed GEMV's PRELOAD: --preload, else what the engine's PDL graphs run."""
-    from g906.kernels.linear import kernel as K
+    from g906.kernels.linear import packed_config
 
     if not args.pdl or args.prefetch:
         return 0
-    return args.preload if args.preload is not None else int(K.pq_preloads(args.qtype, args.rows))
+    return args.preload if args.preload is not None else int(packed_config.pq_preloads(args.qtype, args.rows))
 
 
 def _signature(fn, ptrs, const, aligned, floats):
@@ -144,13 +143,13 @@ def _attention_kernel_and_signature(args):
 def _weights_per_lane(args) -> int:
     """Weights one lane decodes per iteration of the main loop (packed: 4 words a row;
     attention: K and V elements of the tile)."""
-    from g906.kernels.linear import kernel as K
+    from g906.kernels.linear.packed_fields import PQ_E
 
     if args.qtype == "ATTN":
         return max(1, args.rows * args.head_dim * 2 // (_lanes(args) * args.warps))
     if args.qtype == "F16":
         return args.rows * args.block_k // (_lanes(args) * args.warps)
-    return args.rows * 4 * K.PQ_E[args.qtype]
+    return args.rows * 4 * PQ_E[args.qtype]
 
 
 def _main_loop(asm: str) -> list[str]:

@@ -47,7 +47,7 @@ def test_gemv_config_overrides(monkeypatch, capsys):
     """--gemv-config: one weight shape's batch-1 packed GEMV config, checked as it is parsed."""
     import torch
 
-    from g906.kernels.linear import kernel as K
+    from g906.kernels.linear import packed_config as K
 
     mod = load_benchmark("engine")
     key, cfg = mod.parse_gemv_config("Q4_K:4096x4096:BLOCK_N=4,num_warps=2,PREFETCH=false")

@@ -13,7 +13,7 @@ from tests.benchmark_scripts import load_benchmark
 @pytest.mark.skipif(is_rocm(), reason="ROCm keeps the fp32 fields (no packed fp16 default)")
 def test_linear_quant_sweep_times_both_field_decodes():
     kb = load_benchmark("kernel_bench")
-    from g906.kernels.linear import kernel as K
+    from g906.kernels.linear import packed_config as K
 
     x = torch.zeros(1, 4096, dtype=torch.float16)
     for qt, fp32_fields in (("Q4_K", {0, 1, 2}), ("Q5_K", {1})):

@@ -92,7 +92,7 @@ def test_packed_gemv_rows_addressed_by_immediates():
     gate/up GEMV (SwiGLU epilogue) runs under _launch_regs' cap of 96 without spilling."""
     import torch
 
-    from g906.kernels.linear.kernel import _launch_regs
+    from g906.kernels.linear.packed_config import _launch_regs
 
     res = _run("--qtype", "Q4_K", "--rows", "8", "--warps", "4", "--pairs", "3", "--pdl",
                "--k", "12288")
@@ -147,7 +147,7 @@ def test_q6k_fields_in_packed_fp16():
     128-register cap only where that does not spill (_launch_regs: the PRELOAD build)."""
     import torch
 
-    from g906.kernels.linear.kernel import _launch_regs
+    from g906.kernels.linear.packed_config import _launch_regs
 
     fp32 = _run("--qtype", "Q6_K", "--rows", "4", "--warps", "1", "--wsplit")
     cuda = torch.device("cuda")

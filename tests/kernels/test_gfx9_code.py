@@ -5,7 +5,7 @@ Upstream Triton 3.5 refuses gfx906 but compiles for gfx908 (MI100): the same wav
 ISA for this code, plus AGPRs (accumulation registers), which a gfx906 lacks. AGPRs in use,
 spilled VGPRs or scratch memory in the gfx908 code are therefore spills on a gfx906, and a lane
 has no more than 256 VGPRs there; the batch-1 packed GEMVs also promise <= 128 (two waves per
-SIMD: g906/kernels/linear/kernel.py, _pq_rocm_decode). The configs come from the launchers' own
+SIMD: g906/kernels/linear/packed_config.py, _pq_rocm_decode). The configs come from the launchers' own
 config functions with the device mocked as ROCm (wave64), over every decode projection of the
 real model shapes (g906/data/models.toml), so the test follows the defaults when they change.
 benchmarks/sass.py builds and compiles the GEMVs and the decode attention; the other decode
@@ -172,16 +172,19 @@ def sass():
 @contextmanager
 def _rocm():
     """The launchers' config functions as on a ROCm device with 64-wide waves (CPU tensors)."""
-    from g906.kernels.linear import kernel as K
+    from g906.kernels.linear import dense, packed_config
+
+    from tests.kernels.util import LINEAR_LAUNCHERS
 
     with ExitStack() as stack:
-        for name in ("pdl", *(f"{n}.kernel" for n in ("linear", "attention", "norm", "rotary",
-                                                       "activation", "gdn"))):
+        for name in ("pdl", *(f"{n}.kernel" for n in ("attention", "norm", "rotary", "activation",
+                                                       "gdn")), *(f"linear.{m}" for m in LINEAR_LAUNCHERS)):
             mod = importlib.import_module(f"g906.kernels.{name}")
             if hasattr(mod, "is_rocm"):
                 stack.enter_context(mock.patch.object(mod, "is_rocm", lambda: True))
-        stack.enter_context(mock.patch.object(K, "warp_size", lambda device: 64))
-        caches = [K._pq_gemv_config_cached, K._gemv_config_cached]   # keyed by device, not by ROCm
+            if hasattr(mod, "warp_size"):
+                stack.enter_context(mock.patch.object(mod, "warp_size", lambda device: 64))
+        caches = [packed_config._pq_gemv_config_cached, dense._gemv_config_cached]   # keyed by device, not by ROCm
         stack.callback(lambda: [c.cache_clear() for c in caches])
         for c in caches:
             c.cache_clear()
@@ -259,7 +262,7 @@ def _packed_argv(qtype: str, c: dict) -> tuple:
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_packed_gemv(compiler, qtype, tokens):
     from g906.kernels import pdl
-    from g906.kernels.linear import kernel as K
+    from g906.kernels.linear import packed_config
 
     cases: dict[tuple, list[str]] = {}
     with _rocm():
@@ -268,7 +271,7 @@ def test_packed_gemv(compiler, qtype, tokens):
         for model, s in SHAPES.items():
             for proj, n, k, _ in _gemvs(s):
                 for T in TOKENS[tokens]:
-                    c = K._pq_gemv_config(T, n, k, qtype, torch.device("cpu"))
+                    c = packed_config._pq_gemv_config(T, n, k, qtype, torch.device("cpu"))
                     cases.setdefault(_packed_argv(qtype, c), []).append(f"{model} {proj} T={T}")
     results = []
     for argv, uses in cases.items():
@@ -298,12 +301,13 @@ def test_dense_gemv(compiler, norm):
     """The dense decode GEMVs as ROCm launches them at one token: a plain one (the first layer's
     inputs, the LM head), the output projections writing the next norm's partial sums (ADD_NORM)
     and the input projections reading them (RMS_IN, BLOCK_P = the producers' programs)."""
-    from g906.kernels.linear import kernel as K
+    from g906.kernels._triton_util import next_pow2
+    from g906.kernels.linear import dense
 
     cases: dict[tuple, list[str]] = {}
     with _rocm():
         for model, s in SHAPES.items():
-            cfg = {proj: (K._gemv_config(1, n, k, torch.device("cuda"), torch.float16), role)
+            cfg = {proj: (dense._gemv_config(1, n, k, torch.device("cuda"), torch.float16), role)
                    for proj, n, k, role in _gemvs(s)}
             # an input projection reads one partial sum per program of the output projection
             # before it: the most of them
@@ -313,7 +317,7 @@ def test_dense_gemv(compiler, norm):
                 if (norm, role) in (("plain", "in"), ("plain", "head"), ("add_norm", "out")):
                     extra = ("--add-norm",) if norm == "add_norm" else ()
                 elif (norm, role) == ("rms_in", "in"):
-                    extra = ("--rms-in", "--partials", K.next_pow2(partials))
+                    extra = ("--rms-in", "--partials", next_pow2(partials))
                 else:
                     continue
                 argv = ("--qtype", "F16", "--rows", c["BLOCK_N"], "--block-k", c["BLOCK_K"],
@@ -408,7 +412,7 @@ def _launch_request(sass, module: str, name: str, fn, args, kwargs) -> tuple[dic
 
 
 def _launches(s: dict, zero_centred: bool) -> dict:
-    """{launcher: (kernel module, kernel name, call)} of the decode kernels besides the GEMVs
+    """{launcher: (kernel module in g906.kernels, kernel name, call)} of the decode kernels besides the GEMVs
     and the attention, one token at model shape s (the engine's dtypes and views; zeros, the
     values do not matter)."""
     f16, f32, i32, i64 = torch.float16, torch.float32, torch.int32, torch.int64
@@ -418,7 +422,7 @@ def _launches(s: dict, zero_centred: bool) -> dict:
     lk, dk = s["linear_num_key_heads"], s["linear_key_head_dim"]
     lv, dv = s["linear_num_value_heads"], s["linear_value_head_dim"]
     from g906.engine.weights import QuantizedTensor
-    from g906.kernels.linear import kernel as linear_kernel
+    from g906.kernels.linear.gguf_decode import STEP_BYTES
 
     mods = {n: importlib.import_module(f"g906.kernels.{n}.kernel")
             for n in ("norm", "rotary", "gdn", "activation", "embedding")}
@@ -438,24 +442,24 @@ def _launches(s: dict, zero_centred: bool) -> dict:
             head_k_dim=dk, v_head_order=order, gated_norm=gated_norm)
 
     return {
-        "rms_norm": ("norm", "_rms_norm_kernel", lambda: mods["norm"].rms_norm(
+        "rms_norm": ("norm.kernel", "_rms_norm_kernel", lambda: mods["norm"].rms_norm(
             z(1, h), z(h), 1e-6, residual=z(1, h), zero_centred=zero_centred)),
-        "qk_norm_rotary": ("rotary", "_qk_norm_rotary_kernel", lambda: mods["rotary"].qk_norm_rotary(
+        "qk_norm_rotary": ("rotary.kernel", "_qk_norm_rotary_kernel", lambda: mods["rotary"].qk_norm_rotary(
             qg[..., :d], k, z(d), z(d), 1e-6, z(1, dtype=i64), z(4096, rot, dtype=f32), rot,
             zero_centred=zero_centred, kv_store=(v, z(64, 16, hk, d), z(64, 16, hk, d), z(1, dtype=i64)))),
-        "gdn_decode grouped": ("gdn", "_gdn_decode_kernel", gdn("grouped")),
-        "gdn_decode tiled": ("gdn", "_gdn_decode_kernel", gdn("tiled")),
+        "gdn_decode grouped": ("gdn.kernel", "_gdn_decode_kernel", gdn("grouped")),
+        "gdn_decode tiled": ("gdn.kernel", "_gdn_decode_kernel", gdn("tiled")),
         # before a quantized out_proj: the gated norm by the head's last program (arrival count)
-        "gdn_decode gated_norm": ("gdn", "_gdn_decode_kernel",
+        "gdn_decode gated_norm": ("gdn.kernel", "_gdn_decode_kernel",
                                   gdn("tiled", (zg.view(1, lv, dv), z(dv), 1e-6))),
         # prefill's (and silu_and_mul where the GEMV after it does not take it in)
-        "gated_rms_norm": ("norm", "_gated_rms_norm_kernel", lambda: mods["norm"].gated_rms_norm(
+        "gated_rms_norm": ("norm.kernel", "_gated_rms_norm_kernel", lambda: mods["norm"].gated_rms_norm(
             z(1, lv, dv), zg.view(1, lv, dv), z(dv), 1e-6)),
-        "silu_and_mul": ("activation", "_silu_and_mul_kernel", lambda: mods["activation"].silu_and_mul(
+        "silu_and_mul": ("activation.kernel", "_silu_and_mul_kernel", lambda: mods["activation"].silu_and_mul(
             z(1, 2 * i))),
         # a GGUF token embedding (a few rows stand for the vocabulary: only the row stride counts)
-        **{f"embedding {q}": ("embedding", "_embedding_kernel", lambda q=q: mods["embedding"].embedding(
-            QuantizedTensor(z(8, h // 256 * linear_kernel.STEP_BYTES[q], dtype=torch.uint8), q, (8, h)),
+        **{f"embedding {q}": ("embedding.kernel", "_embedding_kernel", lambda q=q: mods["embedding"].embedding(
+            QuantizedTensor(z(8, h // 256 * STEP_BYTES[q], dtype=torch.uint8), q, (8, h)),
             z(1, dtype=i64), f16)) for q in ("Q8_0", "Q4_K", "Q5_K", "Q6_K")},
     }
 
@@ -477,12 +481,12 @@ def _fused_gemvs(s: dict, zero_centred: bool) -> dict:
     out = {}
     x = torch.zeros(1, 2 * i, dtype=f16)
     w = torch.empty(h, i, dtype=f16)
-    out["silu_mul_linear F16"] = ("linear", "_gemv_kernel", [
+    out["silu_mul_linear F16"] = ("linear.dense", "_gemv_kernel", [
         lambda x=x, w=w: K.silu_mul_linear(x, w, add_norm=add_norm)] if K._gemv_fusable(x, w) else [])
     o = torch.zeros(1, lv, dv, dtype=f16)
     zg = torch.zeros(1, 2 * lv * dv, dtype=f16)[:, lv * dv:].view(1, lv, dv)   # a view, as the layer's
     w = torch.empty(h, lv * dv, dtype=f16)
-    out["gated_norm_linear F16"] = ("linear", "_gemv_kernel", [
+    out["gated_norm_linear F16"] = ("linear.dense", "_gemv_kernel", [
         lambda w=w: K.gated_norm_linear(o, zg, torch.zeros(dv, dtype=f16), 1e-6, w, add_norm=add_norm)]
         if K._gemv_fusable(o.reshape(1, lv * dv), w) else [])
     for qtype in QTYPES:
@@ -491,13 +495,13 @@ def _fused_gemvs(s: dict, zero_centred: bool) -> dict:
         pw = repack.PackedQuant(qtype, (h, i), {k: torch.empty((h, *v.shape[1:]), dtype=v.dtype)
                                                  for k, v in row.planes.items()})
         xs = [torch.zeros(T, 2 * i, dtype=f16) for T in (1, 2, 3, 4, 8, 16)]
-        out[f"silu_mul_linear {qtype}"] = ("linear", "_pq_gemv_kernel", [
+        out[f"silu_mul_linear {qtype}"] = ("linear.packed", "_pq_gemv_kernel", [
             lambda x=x, pw=pw: K.silu_mul_linear(x, pw) for x in xs if K._packed_silu_pays(x, pw)])
         # the stacked gate/up projection with the SwiGLU in its epilogue (GLU)
         row = repack.pack(torch.zeros(1, h // be * bb, dtype=torch.uint8), qtype, (1, h))
         gu = repack.PackedQuant(qtype, (2 * i, h), {k: torch.empty((2 * i, *v.shape[1:]), dtype=v.dtype)
                                                     for k, v in row.planes.items()})
-        out[f"linear_glu {qtype}"] = ("linear", "_pq_gemv_kernel", [
+        out[f"linear_glu {qtype}"] = ("linear.packed", "_pq_gemv_kernel", [
             lambda x=x, gu=gu: K.linear_glu(x, gu) for x in (torch.zeros(T, h, dtype=f16) for T in (1, 4))])
     return out
 
@@ -523,7 +527,7 @@ def test_decode_kernels(compiler, sass, launcher):
                 else:
                     short, name, call = _launches(s, zc)[launcher]
                     calls = [call]
-                module = f"g906.kernels.{short}.kernel"
+                module = f"g906.kernels.{short}"
                 mod = importlib.import_module(module)
                 rec = _Launches(getattr(mod, name))
                 with mock.patch.object(mod, name, rec):

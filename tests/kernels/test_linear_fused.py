@@ -9,7 +9,10 @@ import torch
 
 from g906.engine.weights import QuantizedTensor
 from g906.kernels import registry
+from g906.kernels._triton_util import is_rocm
 from g906.kernels.linear import kernel as linear_kernel
+from g906.kernels.linear.dense import dense_gemv
+from g906.kernels.linear.packed import packed_matmul
 
 from .conftest import DEVICE
 from .test_linear import random_blocks
@@ -56,7 +59,7 @@ def test_gated_norm_linear_blocks_smaller_than_a_head():
     g = torch.Generator().manual_seed(7)
     o, z, nw = _gated_inputs(2, 2, 64, torch.float32, g)
     w = randn(11, 128, gen=g)
-    out = linear_kernel.dense_gemv(o.reshape(2, 128), w, BLOCK_K=16,
+    out = dense_gemv(o.reshape(2, 128), w, BLOCK_K=16,
                                    prologue=("gated_norm", z, nw, 1e-6))
     assert_close(out, registry.call_reference("gated_norm_linear", o, z, nw, 1e-6, w))
 
@@ -122,10 +125,10 @@ def test_silu_mul_packed_gemv(qtype, T):
     ref = registry.call_reference("silu_mul_linear", x, w)
     assert_close(registry.call_triton("silu_mul_linear", x, p), ref)
     # the tensor-core tile path has no fused form: silu-mul first, same result
-    assert_close(linear_kernel.packed_matmul(x, p, silu=True, DOT=True), ref)
+    assert_close(packed_matmul(x, p, silu=True, DOT=True), ref)
     # ROCm's batched form: blocks of 2 tokens (the activations' [gate | up] rows offset per block)
     x = randn(T + 2, 1024, gen=g)
-    assert_close(linear_kernel.packed_matmul(x, p, silu=True, H=8, BLOCK_N=2, BLOCK_T=2, WSPLIT=True, CVT=True,
+    assert_close(packed_matmul(x, p, silu=True, H=8, BLOCK_N=2, BLOCK_T=2, WSPLIT=True, CVT=True,
                                              ONE_IMM=True), registry.call_reference("silu_mul_linear", x, w))
 
 
@@ -175,7 +178,7 @@ def test_add_norm_then_rms_of_packed(qtype, T, cfg):
     """Packed GEMVs take the split RMSNorm in the kernel (partial sums per program) where one
     program sums a whole row, and around the product with a split K; same result as
     projection, RMSNorm, projection (odd N), and in the silu producer."""
-    from g906.kernels.linear import kernel, repack
+    from g906.kernels.linear import repack
 
     g = torch.Generator().manual_seed(11)
     K1, K, N = 256, 256, 19
@@ -188,18 +191,18 @@ def test_add_norm_then_rms_of_packed(qtype, T, cfg):
     residual, nw = _norm_case(T, K, torch.float32, g)
     # (x fp32: the GEMV at every T here, no tensor-core product; ROCm: unmeasured, not taken)
     assert linear_kernel.linear_fuses_norm(x, p_out) == (
-        qtype in linear_kernel.SPLIT_NORM_QTYPES and not linear_kernel.is_rocm())
-    h, hn, ss = kernel.packed_matmul(x, p_out, add_norm=(residual, nw, True), **cfg)
+        qtype in linear_kernel.SPLIT_NORM_QTYPES and not is_rocm())
+    h, hn, ss = packed_matmul(x, p_out, add_norm=(residual, nw, True), **cfg)
     ref_h, ref_hn, ref_ss = registry.call_reference("linear", x, w_out, add_norm=(residual, nw, True))
     assert_close(h, ref_h)
     assert_close(hn, ref_hn)
     assert (ss.shape[1] > 1) == ("SPLIT" not in cfg)           # in the kernel: one per program
     assert_close(ss.sum(1, keepdim=True), ref_ss)
-    y = kernel.packed_matmul(hn, p_in, rms_of=(ss, 1e-6), **cfg)
+    y = packed_matmul(hn, p_in, rms_of=(ss, 1e-6), **cfg)
     assert_close(y, _unfused(x, w_out, residual, nw, w_in, 1e-6)[1])
     # the silu producer ends the same way
     xs = randn(T, 2 * K1, gen=g)
-    got = kernel.packed_matmul(xs, p_out, silu=True, add_norm=(residual, nw, False), **cfg)
+    got = packed_matmul(xs, p_out, silu=True, add_norm=(residual, nw, False), **cfg)
     _same_add_norm(got, registry.call_reference("silu_mul_linear", xs, w_out, add_norm=(residual, nw, False)))
 
 
@@ -208,7 +211,8 @@ def test_rms_of_in_the_pair_and_glu_gemvs(types):
     """The consumers of a split RMSNorm in a Q4_K_M decode step: the two-weight launch
     (linear_pair) and the gate/up GEMV with its SwiGLU (linear_glu), against projection after
     a whole RMSNorm."""
-    from g906.kernels.linear import kernel, repack
+    from g906.kernels.linear import repack
+    from g906.kernels.linear.packed_config import _pq_pair_configs
 
     g = torch.Generator().manual_seed(12)
     K = 768
@@ -218,7 +222,7 @@ def test_rms_of_in_the_pair_and_glu_gemvs(types):
           for i, (qt, n) in enumerate(zip(types, (13, 6)))]
     pws = [repack.pack(w.data, w.qtype, w.shape) for w in ws]
     normed = registry.call_reference("linear", hn, torch.eye(K, device=DEVICE), rms_of=(ss, 1e-6))
-    assert kernel._pq_pair_configs(hn, pws) is not None
+    assert _pq_pair_configs(hn, pws) is not None
     for got, w in zip(registry.call_triton("linear_pair", hn, *pws, rms_of=(ss, 1e-6)), ws):
         assert_close(got, registry.call_reference("linear", normed, w))
     gu = QuantizedTensor(random_blocks(26, K, types[1], 30).to(DEVICE), types[1], (26, K))
@@ -287,7 +291,7 @@ def test_split_norm_real_shapes(kind, T):
     residual, nw = _norm_case(T, H, torch.float16, g)
     # Q4_K on CUDA at one token (4 fp16 tokens: the tensor-core product, the norm around it)
     assert linear_kernel.linear_fuses_norm(x, p_out) == (
-        kind == "F16" or (T == 1 and not linear_kernel.is_rocm()))
+        kind == "F16" or (T == 1 and not is_rocm()))
     h, hn, ss = registry.call_triton("linear", x, p_out, add_norm=(residual, nw, True))
     y = registry.call_triton("linear", hn, p_in, rms_of=(ss, 1e-6))
     un_h, un_y = _unfused(x, w_out, residual, nw, w_in, 1e-6)

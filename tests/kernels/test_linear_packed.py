@@ -15,7 +15,7 @@ from g906.kernels.linear import repack
 
 from .conftest import DEVICE
 from .test_linear import random_blocks
-from .util import assert_close, gpu, needs_gpu, randn
+from .util import assert_close, gpu, linear_launchers_with, needs_gpu, randn
 
 QTYPES = ["Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"]
 # resident bytes of the packed planes over the GGUF bytes (exact; limit 1.15)
@@ -34,9 +34,9 @@ def packed_case(N, K, qtype, wseed, T, xseed):
 
 
 def packed_call(x, p, **cfg):
-    from g906.kernels.linear import kernel
+    from g906.kernels.linear.packed import packed_matmul
 
-    return kernel.packed_matmul(x, p, **cfg)
+    return packed_matmul(x, p, **cfg)
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
@@ -361,14 +361,14 @@ def test_packed_gemv_whole_row_blocks(qtype, cfg):
     first row by a compile-time offset, no clamp): the plain GEMV, the SwiGLU epilogue (gate
     and up rows I apart) and the two-weight launch equal their references; the odd row
     counts of the other tests take the clamped path."""
-    from g906.kernels.linear import kernel
+    from g906.kernels.linear.packed import packed_matmul
 
     w, p, x = packed_case(16, 1024, qtype, 91, 1, 90)
     K = w.shape[1]
     assert_close(packed_call(x, p, **cfg), registry.call_reference("linear", x, w))
     if cfg.get("SPLIT", 1) == 1:
         ref = registry.call_reference("linear_glu", x, w)
-        assert_close(kernel.packed_matmul(x, p, glu=True, **cfg), ref)
+        assert_close(packed_matmul(x, p, glu=True, **cfg), ref)
     other = qweight(8, K, "Q4_K", 92)
     got = registry.call_triton("linear_pair", x, p, repack.pack(other.data, "Q4_K", other.shape))
     for o, ww in zip(got, (w, other)):
@@ -380,12 +380,12 @@ def test_packed_gemv_whole_row_blocks(qtype, cfg):
 def test_linear_pair_one_launch(types, K, T):
     """Two packed weights of different types over one input, one launch: each output equals
     its own GEMV's reference (row tails, masked and even K, a few tokens)."""
-    from g906.kernels.linear import kernel
+    from g906.kernels.linear import packed_config as C
 
     ws = [qweight(n, K, qt, 40 + i) for i, (qt, n) in enumerate(zip(types, (13, 6)))]
     pws = [repack.pack(w.data, w.qtype, w.shape) for w in ws]
     x = randn(T, K, dtype=torch.float16, gen=torch.Generator().manual_seed(8))
-    cs = kernel._pq_pair_configs(x, pws)
+    cs = C._pq_pair_configs(x, pws)
     paired = cs is not None
     assert paired == (DEVICE == "cpu" or T == 1)        # CUDA fp16 from 2 tokens: tensor cores
     if types == ("Q5_K", "Q4_K") and T == 1 and K == 512:
@@ -393,14 +393,14 @@ def test_linear_pair_one_launch(types, K, T):
         # segment in packed fp16, the Q4_K one its fp32 fields
         assert [c["PAIRS"] for c in cs] == [1, 2]
         qkv = repack.pack(random_blocks(8192, K, "Q5_K", 45), "Q5_K", (8192, K))
-        assert [c["PAIRS"] for c in kernel._pq_pair_configs(x, [qkv, pws[1]])] == [3, 2]
+        assert [c["PAIRS"] for c in C._pq_pair_configs(x, [qkv, pws[1]])] == [3, 2]
     got = registry.call_triton("linear_pair", x, *pws)
     if paired:                                            # views of one [T, 13 + 6] output
         assert got[0].data_ptr() + 13 * got[0].element_size() == got[1].data_ptr()
     for g, w in zip(got, ws):
         assert_close(g, registry.call_reference("linear", x, w))
     other = repack.pack(qweight(4, 256, "Q4_K", 50).data, "Q4_K", (4, 256))
-    assert kernel._pq_pair_configs(x, [pws[0], other]) is None     # another K: one launch each
+    assert C._pq_pair_configs(x, [pws[0], other]) is None     # another K: one launch each
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
@@ -413,7 +413,7 @@ def test_linear_glu(qtype, T, cfg):
     """silu(x gate^T) * (x up^T) of a stacked [gate; up] weight, the GEMV's epilogue pairing
     gate row r with up row r + I: equal to the reference's product then silu-mul, odd I (row
     tails), and on the paths that run the two ops (split K, tensor cores, prefill)."""
-    from g906.kernels.linear import kernel
+    from g906.kernels.linear.packed import packed_matmul
 
     I, K = 13, 768
     w = qweight(2 * I, K, qtype, 60)
@@ -422,7 +422,7 @@ def test_linear_glu(qtype, T, cfg):
     x = randn(T, K, dtype=dtype, gen=torch.Generator().manual_seed(61))
     ref = registry.call_reference("linear_glu", x, w)
     assert ref.shape == (T, I)
-    got = kernel.packed_matmul(x, p, glu=True, **cfg) if cfg else registry.call_triton("linear_glu", x, p)
+    got = packed_matmul(x, p, glu=True, **cfg) if cfg else registry.call_triton("linear_glu", x, p)
     assert_close(got, ref)
     if not cfg:   # the engine's reference agrees with the kernels' one
         from g906.engine.layers import reference as engine_ref
@@ -442,7 +442,8 @@ def test_packed_k_quant_fp16_pairs(qtype, K, T, cfg):
     19 rows (a lone last row), and with the SwiGLU epilogue and the silu-mul on load; fp32
     activations and odd row blocks run the fp32 fields (Q4_K PAIRS = 2, the others 1), and
     so does Q6_K under the SwiGLU."""
-    from g906.kernels.linear import kernel
+    from g906.kernels.linear import packed_config as C
+    from g906.kernels.linear.packed import packed_matmul
 
     g = torch.Generator().manual_seed(70)
     N = 19
@@ -453,37 +454,37 @@ def test_packed_k_quant_fp16_pairs(qtype, K, T, cfg):
         fp32_fields = 2 if qtype == "Q4_K" else 1
         # the default: packed fp16 off ROCm at 8 rows or more (Q4_K always; Q5_K from 8192 rows)
         for rows, packed in ((N, qtype == "Q4_K"), (8192, True)):
-            c = kernel._pq_gemv_config(1, rows, K, qtype, x.device)
-            want = 3 if packed and not kernel.is_rocm() else fp32_fields
-            assert kernel._pq_pairs(x, qtype, c, False) == want, rows
-            assert kernel._pq_pairs(x.float(), qtype, c, False) == c["PAIRS"] == fp32_fields
-            assert kernel._pq_pairs(x, qtype, dict(c, BLOCK_N=4), False) == fp32_fields
+            c = C._pq_gemv_config(1, rows, K, qtype, x.device)
+            want = 3 if packed and not C.is_rocm() else fp32_fields
+            assert C._pq_pairs(x, qtype, c, False) == want, rows
+            assert C._pq_pairs(x.float(), qtype, c, False) == c["PAIRS"] == fp32_fields
+            assert C._pq_pairs(x, qtype, dict(c, BLOCK_N=4), False) == fp32_fields
             # these programs load their first iteration before the PDL wait; Q5_K's 4-row
             # fp32 fields do not (pq_preloads)
             assert c["PRELOAD"] == packed, rows
-        assert kernel._pq_pairs(x, qtype, dict(c, PAIRS=3, BLOCK_N=1), True) == fp32_fields
-    assert_close(kernel.packed_matmul(x, p, PAIRS=3, **cfg), registry.call_reference("linear", x, w))
+        assert C._pq_pairs(x, qtype, dict(c, PAIRS=3, BLOCK_N=1), True) == fp32_fields
+    assert_close(packed_matmul(x, p, PAIRS=3, **cfg), registry.call_reference("linear", x, w))
     xx = randn(T, 2 * K, dtype=torch.float16, gen=g)              # [gate | up] of the down projection
     ref = registry.call_reference("linear", registry.call_reference("silu_and_mul", xx), w)
-    assert_close(kernel.packed_matmul(xx, p, silu=True, PAIRS=3, **cfg), ref)
+    assert_close(packed_matmul(xx, p, silu=True, PAIRS=3, **cfg), ref)
     if "SPLIT" not in cfg and cfg.get("BLOCK_N", 8) % 4 == 0:     # gate/up pairs of rows
         wg = qweight(2 * 9, K, qtype, 72)
         pg = repack.pack(wg.data, qtype, wg.shape)
-        assert_close(kernel.packed_matmul(x, pg, glu=True, PAIRS=3, **cfg),
+        assert_close(packed_matmul(x, pg, glu=True, PAIRS=3, **cfg),
                      registry.call_reference("linear_glu", x, wg))
         if qtype == "Q6_K":
             # the LM head's and the down projections' defaults: 8 rows in packed fp16, but
             # not under the SwiGLU (it would magnify the fp16 sums' rounding) nor with fp32
             # activations, where the fields stay fp32 on 4 rows; other shapes 4 rows
             for rows, k in ((248320, K), (4096, 12288), (12288, K), (8192, K)):
-                c = kernel._pq_gemv_config(1, rows, k, qtype, x.device)
-                packed = rows != 8192 and not kernel.is_rocm()
+                c = C._pq_gemv_config(1, rows, k, qtype, x.device)
+                packed = rows != 8192 and not C.is_rocm()
                 assert (c["BLOCK_N"] == 8) == packed
-                assert kernel._pq_pairs(x, qtype, c, False) == (3 if packed else 1)
+                assert C._pq_pairs(x, qtype, c, False) == (3 if packed else 1)
                 for xt, glu in ((x, True), (x.float(), False)):
-                    cf = dict(c, PAIRS=kernel._pq_pairs(xt, qtype, c, False, glu))
-                    assert cf["PAIRS"] == 1 and kernel._pq_rows(qtype, cf, False) == 4
-                assert kernel._pq_rows(qtype, dict(c, PAIRS=1), True) == c["BLOCK_N"]
+                    cf = dict(c, PAIRS=C._pq_pairs(xt, qtype, c, False, glu))
+                    assert cf["PAIRS"] == 1 and C._pq_rows(qtype, cf, False) == 4
+                assert C._pq_rows(qtype, dict(c, PAIRS=1), True) == c["BLOCK_N"]
 
 
 @gpu
@@ -505,7 +506,8 @@ def test_packed_to_dense_and_the_prefill_path(qtype, monkeypatch):
     """Prefill on a GPU dequantizes packed weights to fp16 a row block at a time and runs the
     vendor GEMM: the dense rows equal the packed planes' exact decode (to rounding), for
     all rows and for a row range, and the chunked matmul equals the reference."""
-    from g906.kernels.linear import kernel
+    from g906.kernels.linear import packed_gemm
+    from g906.kernels.linear.packed_fields import PQ_E
 
     N, K = 37, 1280                      # an odd row count; 5 super-blocks (masked last vector)
     w = qweight(N, K, qtype, 8)
@@ -514,19 +516,19 @@ def test_packed_to_dense_and_the_prefill_path(qtype, monkeypatch):
     # A * f + B in fp32 (K-quants: the min folded into B) rounds at the scale of A, not of the
     # weight: errors of ~1e-7 of the row's largest weight, far below fp16's resolution
     tol = 1e-6 * float(exact.abs().max())
-    torch.testing.assert_close(kernel.packed_to_dense(p).float(), exact.half().float(), rtol=1e-3, atol=tol)
-    torch.testing.assert_close(kernel.packed_to_dense(p, torch.float32, (5, 30)), exact[5:30], rtol=1e-5, atol=tol)
-    order = kernel.field_major_order(K, kernel.PQ_E[qtype], torch.device("cpu"))
+    torch.testing.assert_close(packed_gemm.packed_to_dense(p).float(), exact.half().float(), rtol=1e-3, atol=tol)
+    torch.testing.assert_close(packed_gemm.packed_to_dense(p, torch.float32, (5, 30)), exact[5:30], rtol=1e-5, atol=tol)
+    order = packed_gemm.field_major_order(K, PQ_E[qtype], torch.device("cpu"))
     assert sorted(order.tolist()) == list(range(K))
-    torch.testing.assert_close(kernel.packed_to_dense(p, torch.float32, field_major=True),
+    torch.testing.assert_close(packed_gemm.packed_to_dense(p, torch.float32, field_major=True),
                                exact[:, order], rtol=1e-5, atol=tol)
     x = randn(24, K, dtype=torch.float16, gen=torch.Generator().manual_seed(3))
     ref = registry.call_reference("linear", x, w)
-    monkeypatch.setattr(kernel, "DEQUANT_ROWS", 8)
+    monkeypatch.setattr(packed_gemm, "DEQUANT_ROWS", 8)
     for chunk in (1 << 25, 8 * K):                                # one block; 5 blocks of 8 rows
-        monkeypatch.setattr(kernel, "DEQUANT_CHUNK", chunk)
+        monkeypatch.setattr(packed_gemm, "DEQUANT_CHUNK", chunk)
         out = torch.empty((24, N), dtype=torch.float16, device=DEVICE)
-        assert_close(kernel._pq_dequant_matmul(x, p, out), ref)
+        assert_close(packed_gemm._pq_dequant_matmul(x, p, out), ref)
 
 
 def test_cuda_decode_prefetch_from_iterations():
@@ -534,7 +536,7 @@ def test_cuda_decode_prefetch_from_iterations():
     programs make enough whole iterations, else peels the first before the PDL wait
     (PRELOAD): Q4_K from 3 (the 9B's 4096 x 12288 down projection: 66 -> 73% of the copy rate,
     docs/PERF.md E29; its 2-iteration gate/up lost 6 points with it), the others from 4."""
-    from g906.kernels.linear import kernel as K
+    from g906.kernels.linear import packed_config as K
 
     def flags(N, K_, qtype):
         c = K._pq_gemv_config(1, N, K_, qtype, torch.device("cpu"))
@@ -551,12 +553,14 @@ def test_cuda_decode_prefetch_from_iterations():
 
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_rocm_decode_configs(qtype, monkeypatch):
-    """ROCm's batch-1 configs (g906/kernels/linear/kernel.py _pq_rocm_decode, chosen from gfx908 code)
+    """ROCm's batch-1 configs (g906/kernels/linear/packed_config.py _pq_rocm_decode, chosen from gfx908 code)
     on a mocked wave64 device, then run (with fewer threads) in the interpreter."""
-    from g906.kernels.linear import kernel as K
+    from g906.kernels.linear import packed_config as K
 
-    monkeypatch.setattr(K, "is_rocm", lambda: True)
-    monkeypatch.setattr(K, "warp_size", lambda device: 64)
+    for mod in linear_launchers_with("is_rocm"):
+        monkeypatch.setattr(mod, "is_rocm", lambda: True)
+    for mod in linear_launchers_with("warp_size"):
+        monkeypatch.setattr(mod, "warp_size", lambda device: 64)
     K._pq_gemv_config_cached.cache_clear()
     try:                  # (the cache is keyed by device: CPU calls must not keep ROCm configs)
         c = K._pq_gemv_config(1, 4096, 4096, qtype, torch.device("cpu"))

@@ -46,7 +46,7 @@ def test_prefill_kernels_do_not_specialize_on_token_or_sequence_counts():
     takes ~10-25 s to compile). The prefill kernels exclude those arguments."""
     from g906.kernels.conv1d import kernel as conv
     from g906.kernels.gdn import kernel as gdn
-    from g906.kernels.linear import kernel as lin
+    from g906.kernels.linear import gguf_matmul, packed_gemm
     from g906.kernels.norm import kernel as norm
 
     def excluded(fn):
@@ -59,4 +59,5 @@ def test_prefill_kernels_do_not_specialize_on_token_or_sequence_counts():
     assert excluded(gdn._gdn_chunk_kernel) >= {"B", "T"}
     assert excluded(gdn._gdn_scan_kernel) >= {"T"}
     assert excluded(norm._gated_rms_norm_kernel) >= {"N"}
-    assert excluded(lin._pq_gemm_kernel) >= {"M"} and excluded(lin._qgemm_kernel) >= {"M"}
+    assert excluded(packed_gemm._pq_gemm_kernel) >= {"M"}
+    assert excluded(gguf_matmul._qgemm_kernel) >= {"M"}

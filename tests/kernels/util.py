@@ -53,3 +53,16 @@ def fill_sequences(kc, vc, seq_lens, gen):
             vc[blk, off] = torch.randn(vc.shape[2:], generator=gen).to(vc.dtype)
     # -1 entries are never dereferenced for valid positions; use 0 so masked lanes stay in bounds
     return tables.clamp_min(0).to(DEVICE)
+
+
+# the modules of g906.kernels.linear whose launchers ask is_rocm() and warp_size(): a mocked
+# device must replace those names in each
+LINEAR_LAUNCHERS = ("kernel", "dense", "packed", "packed_config")
+
+
+def linear_launchers_with(name: str) -> list:
+    """The modules of LINEAR_LAUNCHERS that look `name` up."""
+    import importlib
+
+    mods = [importlib.import_module(f"g906.kernels.linear.{m}") for m in LINEAR_LAUNCHERS]
+    return [m for m in mods if hasattr(m, name)]

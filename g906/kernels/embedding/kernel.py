@@ -11,7 +11,7 @@ import triton.language as tl
 
 from .._triton_util import empty
 from ..pdl import pdl_args, pdl_start
-from ..linear.kernel import QTYPES, STEP_BYTES, _dequant_step
+from ..linear.gguf_decode import QTYPES, STEP_BYTES, _dequant_step
 
 
 @triton.jit

@@ -20,8 +20,11 @@ host-side arguments of kernel.linear and friends; reference.py says what they co
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
+
+from .._triton_util import empty, next_pow2
 
 
 @triton.jit
@@ -67,3 +70,42 @@ def rms_partials(ss_ptr, P, tt, T, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr)
 def rms_scale(partials, K, eps):
     """1 / rms of rows of K columns from rms_partials' [BT, BLOCK_P] partial sums."""
     return 1.0 / tl.sqrt(tl.sum(partials, axis=1) / K + eps)
+
+
+def _add_norm_args(add_norm, out, programs):
+    """(hn, residual, its row stride, norm weight, partial sums [T, programs], ADD_NORM) for a
+    GEMV of `programs` programs along N whose out is h."""
+    if add_norm is None:
+        return out, out, 0, out, out, 0
+    residual, nw, zero_centred = add_norm
+    assert residual.shape == out.shape and residual.stride(-1) == 1 and nw.numel() == out.shape[1]
+    ss = empty((out.shape[0], programs), torch.float32, out.device)
+    return (empty(out.shape, out.dtype, out.device), residual, residual.stride(0), nw, ss,
+            2 if zero_centred else 1)
+
+
+def _rms_in_registers(x, rms_of):
+    """rms_of, or None with x scaled first (reference.rms_in) where its partial sums are too
+    many to hold in registers through the GEMV's loop (rms_partials)."""
+    if rms_of is not None and next_pow2(x.shape[0]) * next_pow2(rms_of[0].shape[1]) > 4096:
+        from .reference import rms_in
+
+        return rms_in(x, rms_of), None
+    return x, rms_of
+
+
+def _rms_of_args(rms_of, x):
+    """(partial sums [T, P], P, eps) for a GEMV whose activations are hn (residual_norm.py)."""
+    if rms_of is None:
+        return x, 1, 0.0
+    ss, eps = rms_of
+    assert ss.dim() == 2 and ss.shape[0] == x.shape[0] and ss.is_contiguous()
+    return ss, ss.shape[1], float(eps)
+
+
+def _around(fn, x, weight, add_norm, rms_of, **kw):
+    """fn(x, weight) with add_norm / rms_of computed outside it (reference.py's definition):
+    calls whose kernel cannot take them in."""
+    from .reference import add_norm_out, rms_in
+
+    return add_norm_out(fn(rms_in(x, rms_of), weight, **kw), add_norm)
