@@ -4,7 +4,7 @@ The offline API (`LLM`, `SamplingParams`) is imported lazily so that
 `g906 doctor`, `g906 validate` and `g906 rccl` work where torch is missing.
 """
 
-__version__ = "0.1.0"
+from g906.version import __version__
 
 __all__ = ["LLM", "SamplingParams", "__version__"]
 

@@ -7,7 +7,7 @@ from functools import lru_cache
 
 from pydantic.json_schema import models_json_schema
 
-from g906 import __version__
+from g906.version import __version__
 from g906.server import protocol as P
 
 _REF = "#/components/schemas/{model}"
