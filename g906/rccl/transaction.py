@@ -5,18 +5,16 @@ os.replace, and write down every state change in a checksummed manifest before m
 The named steps in faults.py mark the points a kill can land between; whatever the step,
 each destination holds one complete library (the original or the new one), the backup is
 complete whenever the manifest names it, and re-running install or rollback finishes the job.
+
+The steps live here; stash.py takes and verifies the backup, inventory.py compares torch/lib with
+the manifest (state.py), guards.py refuses early (permissions, disk space).
 """
 
 from __future__ import annotations
 
 import os
-import secrets
-import shutil
-import stat
 import sys
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,14 +22,17 @@ from g906.errors import G906Error, UsageError
 from g906.rccl import state as st
 from g906.rccl.faults import fault
 from g906.rccl.fsutil import copy_durable, fsync_dir, sha256_file, symlink_atomic
+from g906.rccl.guards import check_space, check_writable, os_errors
+from g906.rccl.inventory import (changed_message, clean_lib_temps, file_mode, require_rccl, rollback_plan, snapshot,
+                                 why_inconsistent)
 from g906.rccl.libinfo import LibraryInfo, describe, inspect_library, validate_new_library
 from g906.rccl.lock import TargetLock
 from g906.rccl.probe import OK, UNAVAILABLE, run_probe
 from g906.rccl.source import clean_stale_staging, open_source
-from g906.rccl.target import Entry, Target, list_rccl_entries, locate_torch
+from g906.rccl.stash import stash_originals, txn_id, verify_backup
+from g906.rccl.target import Target, list_rccl_entries, locate_torch
 
 Log = Callable[[str], None]
-TMP_SUFFIXES = (".g906-new", ".g906-restore")
 
 
 def _nolog(_: str) -> None:
@@ -88,145 +89,6 @@ class RollbackResult:
         return asdict(self)
 
 
-# --- helpers ---------------------------------------------------------------------------------
-
-def _txn_id() -> str:
-    """Unique per transaction (never reuses the name of an earlier backup or history folder)."""
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + f"-{os.getpid()}-{secrets.token_hex(4)}"
-
-
-def _mode(path: Path) -> int:
-    return stat.S_IMODE(os.stat(path).st_mode)
-
-
-def _clean_lib_temps(lib_dir: Path) -> None:
-    """Remove g906's own half-written temporaries (dot-names ending .g906-new/.g906-restore)."""
-    try:
-        names = os.listdir(lib_dir)
-    except OSError:
-        return
-    for name in names:
-        if name.startswith(".librccl") and name.endswith(TMP_SUFFIXES):
-            try:
-                os.unlink(lib_dir / name)
-            except OSError:
-                pass
-
-
-def _check_writable(lib_dir: Path, area: Path) -> None:
-    if not os.access(lib_dir, os.W_OK | os.X_OK):
-        raise G906Error(
-            f"{lib_dir} is not writable by this user.",
-            hint="use an environment you own (a venv), or run g906 with the rights to change that torch "
-                 "(then also keep G906_STATE_DIR the same for rollback).",
-        )
-    try:
-        area.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise G906Error(f"cannot create the g906 state folder {area}: {exc.strerror or exc}.",
-                        hint="set G906_STATE_DIR to a writable folder.") from None
-
-
-def _check_space(folder: Path, need: int, what: str | None) -> None:
-    """Refuse early when *folder*'s file system cannot hold *need* bytes (plus a margin)."""
-    if not what or need <= 0:
-        return
-    probe_dir = folder
-    while not probe_dir.exists() and probe_dir != probe_dir.parent:
-        probe_dir = probe_dir.parent
-    try:
-        free = shutil.disk_usage(probe_dir).free
-    except OSError:
-        return
-    if free < need + (16 << 20):
-        raise G906Error(
-            f"not enough free space in {folder} for {what}: {need / 2**20:.0f} MiB needed, {free / 2**20:.0f} MiB free.",
-            hint="free some disk space (or point G906_STATE_DIR at a bigger disk), then rerun; nothing was changed.",
-        )
-
-
-@contextmanager
-def _os_errors(what: str, lib_dir: Path):
-    """A file-system failure mid-way (disk full, permissions) becomes a message. Each library in
-    torch/lib is still one complete file (only os.replace changes them), so a rerun finishes."""
-    try:
-        yield
-    except OSError as exc:
-        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
-        raise G906Error(
-            f"{what} stopped: {exc.strerror or exc}{where}. Every library in {lib_dir} is still complete "
-            f"(either the original or the new one).",
-            hint=f"fix the cause (disk space, permissions), then rerun `g906 rccl {what}` to finish; "
-                 f"`g906 rccl status` shows where things stand.",
-        ) from None
-
-
-def _snapshot(lib_dir: Path) -> tuple[list[Entry], dict[str, str]]:
-    entries = list_rccl_entries(lib_dir)
-    other = [e.name for e in entries if e.kind == "other"]
-    if other:
-        raise G906Error(f"{lib_dir / other[0]} is neither a file nor a symlink.",
-                        hint="remove or fix it by hand; g906 only swaps regular files.")
-    shas = {e.name: sha256_file(lib_dir / e.name) for e in entries if e.kind == "file"}
-    return entries, shas
-
-
-def _require_rccl(lib_dir: Path, entries: list[Entry]) -> None:
-    if not entries:
-        raise G906Error(
-            f"{lib_dir} holds no librccl.so*: this torch does not bundle RCCL (not a ROCm wheel, or it uses "
-            f"the system's RCCL).",
-            hint="g906 swaps the RCCL inside a ROCm build of torch; install torch from the ROCm wheel index, "
-                 "or check --python / --lib-dir.",
-        )
-    if not any(e.kind == "file" for e in entries):
-        links = ", ".join(f"{e.name} -> {e.link}" for e in entries)
-        raise G906Error(
-            f"every librccl in {lib_dir} is a symlink ({links}); there is no bundled copy to swap.",
-            hint="g906 only replaces files inside torch/lib; change the linked library with your ROCm packages.",
-        )
-
-
-def _known(m: st.Manifest, name: str) -> set[str]:
-    rec = m.original_by_name().get(name)
-    out = set(m.g906_sha256)
-    if rec and rec.kind == "file" and rec.sha256:
-        out.add(rec.sha256)
-    return out
-
-
-def _consistent(m: st.Manifest, entries: list[Entry], shas: dict[str, str]) -> str | None:
-    """None when the target is in a state this manifest explains; else why not."""
-    orig = m.original_by_name()
-    now_files = {e.name for e in entries if e.kind == "file"}
-    if set(m.destinations) != now_files:
-        return (f"the librccl files are now {', '.join(sorted(now_files)) or 'none'} where g906 recorded "
-                f"{', '.join(sorted(m.destinations))}")
-    for name, sha in shas.items():
-        if sha not in _known(m, name):
-            rec = orig.get(name)
-            return (f"{name} (sha256 {sha[:12]}) matches neither the original ({(rec.sha256 or '?')[:12] if rec else '?'}) "
-                    f"nor a library g906 installed")
-    return None
-
-
-def verify_backup(area: Path, m: st.Manifest) -> None:
-    for rec in m.original:
-        path = area / rec.backup if rec.backup else None
-        if rec.kind == "file":
-            if path is None or not path.is_file():
-                raise G906Error(
-                    f"the backup of {rec.name} is missing ({path}).",
-                    hint="g906 cannot restore without it; reinstall torch to get the original library back.",
-                )
-            got = sha256_file(path)
-            if got != rec.sha256:
-                raise G906Error(
-                    f"the backup of {rec.name} at {path} is damaged (sha256 {got[:12]}, expected {rec.sha256[:12]}).",
-                    hint="g906 will not restore a damaged file; reinstall torch to get the original library back.",
-                )
-
-
 def _probe_python(target: Target, log: Log) -> str | None:
     if target.python:
         return target.python
@@ -264,8 +126,8 @@ def install(
         warnings = validate_new_library(new, source=src.display, force=force)
         for w in warnings:
             log(w)
-        entries, shas = _snapshot(lib_dir)
-        _require_rccl(lib_dir, entries)
+        entries, shas = snapshot(lib_dir)
+        require_rccl(lib_dir, entries)
         manifest = st.load_manifest(area)
         dests = [e.name for e in entries if e.kind == "file"]
         settled = manifest is None or manifest.state in (st.INSTALLED, st.ROLLED_BACK)
@@ -281,7 +143,7 @@ def install(
             backup_dir=None, manifest=str(st.manifest_path(area)), warnings=list(warnings),
         )
         if dry_run:
-            if manifest is not None and _consistent(manifest, entries, shas) is None:
+            if manifest is not None and why_inconsistent(manifest, entries, shas) is None:
                 result.notes.append(f"the existing backup ({manifest.state}) of the original library would be kept")
                 result.backup_dir = str(manifest.backup_dir(area))
             else:
@@ -290,11 +152,11 @@ def install(
             if probe:
                 result.notes.append(f"would then run the probe (backend {probe_backend}, world size {probe_world_size})")
             return result
-        _check_writable(lib_dir, area)
-        _check_space(lib_dir, new.size or 0, "the new library")
-        _check_space(area, sum(os.path.getsize(lib_dir / e.name) for e in entries if e.kind == "file"),
-                     "the backup" if manifest is None or _consistent(manifest, entries, shas) else None)
-        with TargetLock(area, lib_dir), _os_errors("install", lib_dir):
+        check_writable(lib_dir, area)
+        check_space(lib_dir, new.size or 0, "the new library")
+        check_space(area, sum(os.path.getsize(lib_dir / e.name) for e in entries if e.kind == "file"),
+                     "the backup" if manifest is None or why_inconsistent(manifest, entries, shas) else None)
+        with TargetLock(area, lib_dir), os_errors("install", lib_dir):
             fault("install_locked")
             m = _install_locked(src.path, src.display, new, target, area, result, log)
             if probe:
@@ -308,11 +170,11 @@ def _install_locked(src_path: Path, display: str, new: LibraryInfo, target: Targ
                     result: InstallResult, log: Log) -> st.Manifest:
     lib_dir = target.lib_dir
     clean_stale_staging(area / "staging")
-    _clean_lib_temps(lib_dir)
-    entries, shas = _snapshot(lib_dir)          # again, under the lock
-    _require_rccl(lib_dir, entries)
+    clean_lib_temps(lib_dir)
+    entries, shas = snapshot(lib_dir)          # again, under the lock
+    require_rccl(lib_dir, entries)
     old = st.load_manifest(area)
-    why = _consistent(old, entries, shas) if old else "no manifest"
+    why = why_inconsistent(old, entries, shas) if old else "no manifest"
     new_info = {k: v for k, v in new.to_json().items() if k != "path"}
     new_info["source"] = display
 
@@ -333,36 +195,7 @@ def _install_locked(src_path: Path, display: str, new: LibraryInfo, target: Targ
             result.notes.append(f"torch's RCCL changed since g906's last swap ({why}); backing up the current "
                                 f"files as the new original (the earlier record is kept in {area / 'history' / old.txn})")
             st.archive_manifest(area, old)
-        txn = _txn_id()
-        bdir = area / "backup" / txn
-        bdir.mkdir(parents=True, exist_ok=True)
-        records: list[st.FileRecord] = []
-        first = True
-        for e in entries:
-            src = lib_dir / e.name
-            if e.kind == "symlink":
-                link = bdir / e.name
-                if os.path.lexists(link):
-                    os.unlink(link)
-                os.symlink(e.link, link)
-                records.append(st.FileRecord(e.name, "symlink", link=e.link))
-                continue
-            part = bdir / f".{e.name}.part"
-            mode = _mode(src)
-            log(f"backing up {src} -> {bdir / e.name}")
-            sha = copy_durable(src, part, mode=mode)
-            if first:
-                fault("backup_partial")
-                first = False
-            if sha != shas[e.name]:
-                raise G906Error(f"{src} changed while g906 was backing it up.",
-                                hint="make sure nothing else (pip, uv, conda) is changing this environment, then retry.")
-            os.replace(part, bdir / e.name)
-            records.append(st.FileRecord(e.name, "file", sha256=sha, size=os.path.getsize(bdir / e.name),
-                                         mode=mode, backup=f"backup/{txn}/{e.name}"))
-        fsync_dir(bdir)
-        fsync_dir(bdir.parent)
-        fault("backup_done")
+        txn, records = stash_originals(lib_dir, area, entries, shas, log)
         now = st.now_iso()
         m = st.Manifest(
             txn=txn, state=st.INSTALLING, step="", lib_dir=str(lib_dir), python=target.python,
@@ -383,7 +216,7 @@ def _install_locked(src_path: Path, display: str, new: LibraryInfo, target: Targ
         dest = lib_dir / name
         mode = orig[name].mode if name in orig and orig[name].mode is not None else 0o755
         if sha256_file(dest) == new.sha256:
-            if _mode(dest) != mode:
+            if file_mode(dest) != mode:
                 os.chmod(dest, mode)
             continue
         tmp = lib_dir / f".{name}.g906-new"
@@ -459,37 +292,6 @@ def _no_backup(lib_dir: Path, area: Path) -> NoBackup:
     )
 
 
-def _rollback_plan(lib_dir: Path, m: st.Manifest) -> list[dict[str, Any]]:
-    rows = []
-    for rec in m.original:
-        p = lib_dir / rec.name
-        row: dict[str, Any] = {"name": rec.name, "kind": rec.kind, "sha256": None}
-        if not os.path.lexists(p):
-            row["status"] = "missing"
-        elif rec.kind == "symlink":
-            if p.is_symlink() and os.readlink(p) == rec.link:
-                row["status"] = "original"
-            elif p.is_file() and not p.is_symlink() and sha256_file(p) in m.g906_sha256:
-                row["status"] = "g906"
-            else:
-                row["status"] = "unknown"
-        elif p.is_symlink() or not p.is_file():
-            row["status"] = "unknown"
-        else:
-            sha = row["sha256"] = sha256_file(p)
-            if sha == rec.sha256:
-                row["status"] = "original"
-            elif sha in m.g906_sha256:
-                row["status"] = "g906"
-            else:
-                row["status"] = "unknown"
-        mode_ok = rec.kind != "file" or row["status"] != "original" or _mode(p) == rec.mode
-        row["action"] = "keep" if row["status"] == "original" and mode_ok else (
-            "chmod" if row["status"] == "original" else "restore")
-        rows.append(row)
-    return rows
-
-
 def rollback(target: Target, *, force: bool = False, dry_run: bool = False, root: Path | None = None,
              log: Log = _nolog) -> RollbackResult:
     lib_dir = target.lib_dir
@@ -499,14 +301,14 @@ def rollback(target: Target, *, force: bool = False, dry_run: bool = False, root
         raise _no_backup(lib_dir, area)
     if dry_run:
         verify_backup(area, m)
-        rows = _rollback_plan(lib_dir, m)
+        rows = rollback_plan(lib_dir, m)
         res = RollbackResult("dry_run", str(lib_dir), rows, str(m.backup_dir(area)), str(st.manifest_path(area)))
         unknown = [r["name"] for r in rows if r["status"] == "unknown"]
         if unknown and not force:
-            res.warnings.append(_changed_message(lib_dir, m, unknown, target))
+            res.warnings.append(changed_message(lib_dir, m, unknown, target))
         return res
-    _check_writable(lib_dir, area)
-    with TargetLock(area, lib_dir), _os_errors("rollback", lib_dir):
+    check_writable(lib_dir, area)
+    with TargetLock(area, lib_dir), os_errors("rollback", lib_dir):
         fault("rollback_locked")
         m = st.load_manifest(area)
         if m is None:
@@ -514,26 +316,16 @@ def rollback(target: Target, *, force: bool = False, dry_run: bool = False, root
         return _rollback_locked(lib_dir, area, m, force=force, log=log, target=target)
 
 
-def _changed_message(lib_dir: Path, m: st.Manifest, unknown: list[str], target: Target | None) -> str:
-    msg = (f"{', '.join(unknown)} in {lib_dir} changed since g906 touched it: it matches neither the original "
-           f"torch library nor the one g906 installed")
-    if target is not None and target.torch_version and m.torch_version and target.torch_version != m.torch_version:
-        msg += f" (torch was {m.torch_version}, now {target.torch_version}: torch was reinstalled)"
-    else:
-        msg += " (torch was probably reinstalled, or another tool replaced it)"
-    return msg
-
-
 def _rollback_locked(lib_dir: Path, area: Path, m: st.Manifest, *, force: bool, log: Log,
                      target: Target | None = None) -> RollbackResult:
     verify_backup(area, m)
-    _clean_lib_temps(lib_dir)
-    rows = _rollback_plan(lib_dir, m)
+    clean_lib_temps(lib_dir)
+    rows = rollback_plan(lib_dir, m)
     res = RollbackResult("rolled_back", str(lib_dir), rows, str(m.backup_dir(area)), str(st.manifest_path(area)))
     unknown = [r["name"] for r in rows if r["status"] == "unknown"]
     if unknown and not force:
         raise G906Error(
-            _changed_message(lib_dir, m, unknown, target) + "; g906 will not overwrite it.",
+            changed_message(lib_dir, m, unknown, target) + "; g906 will not overwrite it.",
             hint="if the current torch works, there is nothing to roll back (check `g906 rccl status`); to put the "
                  "backed-up original back anyway, rerun with --force (the current file is saved first).",
         )
@@ -550,7 +342,7 @@ def _rollback_locked(lib_dir: Path, area: Path, m: st.Manifest, *, force: bool, 
     st.save_manifest(area, m, step="rollback_marked")
     fault("rollback_marked")
     if unknown:
-        ddir = area / "displaced" / _txn_id()
+        ddir = area / "displaced" / txn_id()
         ddir.mkdir(parents=True, exist_ok=True)
         for name in unknown:
             p = lib_dir / name
@@ -650,11 +442,11 @@ def status(target: Target, *, root: Path | None = None) -> dict[str, Any]:
     except G906Error as exc:
         out["backup"] = {"dir": str(m.backup_dir(area)), "ok": False, "error": exc.message}
         out["messages"].append(exc.message)
-    rows = _rollback_plan(lib_dir, m)
+    rows = rollback_plan(lib_dir, m)
     out["g906_swap"] = bool(active and active.sha256 in m.g906_sha256 and m.state == st.INSTALLED)
     unknown = [r["name"] for r in rows if r["status"] == "unknown"]
     if unknown:
-        out["messages"].append(_changed_message(lib_dir, m, unknown, target))
+        out["messages"].append(changed_message(lib_dir, m, unknown, target))
     if m.state in (st.INSTALLING, st.ROLLING_BACK):
         what = "an install" if m.state == st.INSTALLING else "a rollback"
         out["messages"].append(f"{what} was interrupted at step {m.step!r}: rerun `g906 rccl install SOURCE` to "

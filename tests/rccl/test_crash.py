@@ -14,7 +14,7 @@ import pytest
 from g906.errors import G906Error
 from g906.rccl import INSTALL_STEPS, ROLLBACK_STEPS, install, resolve_target, rollback, status
 from g906.rccl import state as st
-from g906.rccl.transaction import verify_backup
+from g906.rccl.stash import verify_backup
 
 from .helpers import run_cli, sha
 
