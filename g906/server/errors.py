@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from starlette.responses import JSONResponse
+import logging
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from g906.server.state import state_of
+
+log = logging.getLogger("g906.server")
 
 _TYPES = {
     400: "invalid_request_error",
@@ -51,3 +59,33 @@ def pydantic_message(exc) -> tuple[str, str | None]:
     msg = e.get("msg", "invalid value")
     more = f" (and {len(errs) - 1} more problems)" if len(errs) > 1 else ""
     return (f"{param}: {msg}{more}" if param else f"{msg}{more}"), param
+
+
+# -- the app's exception handlers: whatever goes wrong leaves in the shape above -------------------
+
+async def api_error_response(request: Request, exc: APIError) -> Response:
+    if exc.status >= 500 or exc.status in (401, 413):
+        state_of(request).metrics.http_errors.labels(str(exc.status)).inc()
+    return exc.response()
+
+
+async def http_error_response(request: Request, exc: HTTPException) -> Response:
+    return APIError(exc.status_code, exc.detail or "error", code=None).response(dict(exc.headers or {}))
+
+
+async def internal_error_response(request: Request, exc: Exception) -> Response:
+    from g906.engine.async_engine import EngineDead
+
+    metrics = state_of(request).metrics
+    if isinstance(exc, EngineDead):   # the engine stopped under a running request: unavailable, not a bug here
+        log.error("engine unavailable on %s %s: %s", request.method, request.url.path, exc)
+        metrics.http_errors.labels("503").inc()
+        return APIError(503, str(exc), code="engine_unavailable").response()
+    log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
+    metrics.http_errors.labels("500").inc()
+    return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error").response()
+
+
+EXCEPTION_HANDLERS = {
+    APIError: api_error_response, HTTPException: http_error_response, Exception: internal_error_response,
+}

@@ -7,7 +7,8 @@ import itertools
 
 import pytest
 
-from g906.server.reasoning import Qwen3ReasoningParser, make_parser, prompt_opens_reasoning
+from g906.server.parsers import REASONING, TOOL, make_parser, parser_name
+from g906.server.parsers.qwen3_reasoning import Qwen3ReasoningParser, prompt_opens_reasoning
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,17 @@ def test_tag_fragments_never_reach_the_client():
 
 
 def test_make_parser():
-    assert make_parser("none", "x") is None and make_parser(None, "x") is None
-    assert isinstance(make_parser("qwen3", "<think>\n"), Qwen3ReasoningParser)
-    with pytest.raises(ValueError):
-        make_parser("deepseek", "")
+    assert make_parser(REASONING, "none", "x") is None and make_parser(REASONING, None, "x") is None
+    p = make_parser(REASONING, "qwen3", "<think>\n")
+    assert isinstance(p, Qwen3ReasoningParser) and p.state == "reasoning"
+    with pytest.raises(ValueError, match="unknown reasoning parser 'deepseek'"):
+        make_parser(REASONING, "deepseek", "")
+    with pytest.raises(ValueError, match="unknown tool parser"):
+        make_parser(TOOL, "qwen3", "")
+
+
+def test_auto_picks_the_architecture_default():
+    assert parser_name(REASONING, "auto", "qwen35") == "qwen3"
+    assert parser_name(REASONING, "auto", "some-other-arch") is None
+    assert parser_name(REASONING, "auto", None) is None
+    assert parser_name(TOOL, "auto", "qwen35") is None

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from g906.server.app import SSEResponse
+from g906.server.sse import SSEResponse
 from tests.server.conftest import openai_client, start_server
 
 DRAIN_S = 1.0

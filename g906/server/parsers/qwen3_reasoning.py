@@ -1,11 +1,10 @@
-"""Reasoning parsers: split a model's thinking out of its answer.
+"""The `qwen3` reasoning parser: text before `</think>` is reasoning, the rest is content.
 
-`qwen3`: text before `</think>` is reasoning, the rest is content. The chat template may
-open `<think>` itself (Qwen3.5 does when thinking is on), in which case the output starts inside
-the reasoning; otherwise a leading `<think>` in the output opens it. Output that never closes
-the tag is all reasoning (when it was opened). Streaming: feed() takes text deltas and returns
-(reasoning delta, content delta); a tag split across deltas is held back until it is decided,
-so no fragment of a tag ever reaches a client."""
+The chat template may open `<think>` itself (Qwen3.5 does when thinking is on), in which case
+the output starts inside the reasoning; otherwise a leading `<think>` in the output opens it.
+Output that never closes the tag is all reasoning (when it was opened). Streaming: feed() takes
+text deltas and returns (reasoning delta, content delta); a tag split across deltas is held back
+until it is decided, so no fragment of a tag ever reaches a client."""
 
 from __future__ import annotations
 
@@ -83,23 +82,15 @@ class Qwen3ReasoningParser:
             return rest, ""
         return "", self._content(rest)
 
-    def parse(self, text: str) -> tuple[str | None, str | None]:
-        """Non-streaming: (reasoning or None, content or None)."""
-        r1, c1 = self.feed(text)
-        r2, c2 = self.finish()
-        reasoning, content = r1 + r2, c1 + c2
+    def answer(self, reasoning: str, content: str) -> tuple[str | None, str | None]:
+        """The full answer from everything feed() and finish() returned: no reasoning part when the
+        output never opened one, no content part when the reasoning never closed."""
         if not self.saw_reasoning:
             return None, content
         return reasoning, (content if content or self.state == "content" else None)
 
-
-PARSERS = {"qwen3": Qwen3ReasoningParser}
-
-
-def make_parser(name: str | None, prompt_text: str | None):
-    if not name or name == "none":
-        return None
-    try:
-        return PARSERS[name](prompt_text)
-    except KeyError:
-        raise ValueError(f"unknown reasoning parser {name!r} (known: {', '.join(PARSERS)})") from None
+    def parse(self, text: str) -> tuple[str | None, str | None]:
+        """Non-streaming: (reasoning or None, content or None)."""
+        r1, c1 = self.feed(text)
+        r2, c2 = self.finish()
+        return self.answer(r1 + r2, c1 + c2)

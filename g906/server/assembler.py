@@ -1,0 +1,113 @@
+"""The one place an answer is assembled from the engine's output deltas, for the full answer and
+for the stream alike, so that the two cannot disagree: every delta goes through feed(), which
+runs the output parsers and returns what the delta adds to its choice (a stream sends that at
+once); the full answer is what the choice accumulated.
+
+Dialect-neutral: an API's renderer (openai_answers.py) turns ParsedDelta and the finished
+choices into its own objects. A tool-call parser, when one is configured, runs on the content
+the reasoning parser leaves (g906/server/parsers)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from g906.server.generation import GenerationRequest
+from g906.server.parsers import REASONING, make_parser
+
+
+@dataclass
+class ParsedDelta:
+    """What one engine step added to one choice, after the output parsers."""
+
+    index: int
+    text: str                        # the engine's text, before any parser
+    reasoning: str
+    content: str
+    logprobs: list                   # the engine's TokenLogprobs of this step's tokens
+    text_offset: int                 # where `text` starts in the choice's text (after any echoed prompt)
+    finished: bool
+    finish_reason: str | None
+    stop_reason: str | int | None
+
+
+@dataclass
+class ChoiceAssembler:
+    index: int
+    prefix: str = ""                 # text shown before the output: the prompt, when it is echoed
+    reasoning_parser: Any = None
+    text: str = ""
+    num_tokens: int = 0
+    # (text offset, TokenLogprobs) per step: a step's offset is exact even where one token's own
+    # text differs from what it added (a partial UTF-8 character, a stop string cut off)
+    logprob_runs: list[tuple[int, list]] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    _reasoning: list[str] = field(default_factory=list)
+    _content: list[str] = field(default_factory=list)
+    _flushed: bool = False
+
+    def feed(self, out) -> ParsedDelta:
+        offset = len(self.prefix) + len(self.text)
+        self.text += out.new_text
+        self.num_tokens += len(out.new_token_ids)
+        if out.new_logprobs:
+            self.logprob_runs.append((offset, list(out.new_logprobs)))
+        reasoning, content = "", out.new_text
+        p = self.reasoning_parser
+        if p is not None:
+            reasoning, content = p.feed(out.new_text)
+            if out.finished:
+                r2, c2 = self._flush()
+                reasoning, content = reasoning + r2, content + c2
+        self._reasoning.append(reasoning)
+        self._content.append(content)
+        if out.finished:
+            self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
+        return ParsedDelta(index=self.index, text=out.new_text, reasoning=reasoning, content=content,
+                           logprobs=out.new_logprobs, text_offset=offset, finished=out.finished,
+                           finish_reason=out.finish_reason, stop_reason=out.stop_reason)
+
+    def _flush(self) -> tuple[str, str]:
+        self._flushed = True
+        return self.reasoning_parser.finish()
+
+    def answer(self) -> tuple[str | None, str | None]:
+        """The full answer's (reasoning, content); None for a part the output did not have."""
+        p = self.reasoning_parser
+        if p is None:
+            return None, self.text
+        if not self._flushed:        # the output ended without a finished delta
+            r, c = self._flush()
+            self._reasoning.append(r)
+            self._content.append(c)
+        return p.answer("".join(self._reasoning), "".join(self._content))
+
+    @property
+    def logprobs(self) -> list:
+        return [lp for _, run in self.logprob_runs for lp in run]
+
+
+class ResponseAssembler:
+    """The choices of one request: n per prompt, prompt-major (choice k * n + i is sample i of
+    prompt k)."""
+
+    def __init__(self, request: GenerationRequest, *, reasoning_parser: str | None = None,
+                 architecture: str | None = None, prefixes: list[str] | None = None):
+        self.request = request
+        n = request.n
+        self.choices = [
+            ChoiceAssembler(
+                index=k * n + i, prefix=prefixes[k] if prefixes else "",
+                reasoning_parser=make_parser(REASONING, reasoning_parser, p.text, architecture),
+            )
+            for k, p in enumerate(request.prompts) for i in range(n)
+        ]
+
+    def feed(self, stream_index: int, sample_index: int, out) -> ParsedDelta:
+        """One delta of sample `sample_index` from engine stream `stream_index` (the prompt's)."""
+        return self.choices[stream_index * self.request.n + sample_index].feed(out)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(c.num_tokens for c in self.choices)

@@ -1,0 +1,67 @@
+"""POST /v1/completions: one prompt or a batch (texts or token ids), one generation request for
+all of them, and the answer in full or streamed."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from g906.server import protocol as P
+from g906.server.assembler import ResponseAssembler
+from g906.server.errors import bad_request
+from g906.server.generation import GenerationRequest, Prompt, admit, openai_sampling_params, start
+from g906.server.intake import parse_request
+from g906.server.openai_answers import completion_full, completion_stream, send_answer
+from g906.server.state import ServerState, state_of
+
+
+async def completions(request: Request) -> Response:
+    st = state_of(request)
+    req, ignored = await parse_request(request, st, P.CompletionRequest)
+    assert isinstance(req, P.CompletionRequest)
+    if req.suffix:
+        raise bad_request("suffix is not supported", param="suffix")
+    prompts = _prompts(st, req)
+    params = [openai_sampling_params(req, max_tokens=req.max_tokens, prompt_len=len(p.ids),
+                                     max_model_len=st.max_model_len, logprobs=req.logprobs, prompt_param="prompt")
+              for p in prompts]
+    greq = GenerationRequest(request_id=P.new_id("cmpl"), model=st.served_model_name, prompts=prompts,
+                             params=params, n=req.n)
+    echoed = None
+    if req.echo:
+        admit(st, greq)      # token ids are decoded for the echo only once the engine has accepted them
+        echoed = [_prompt_text(st, p) for p in prompts]
+    asm = ResponseAssembler(greq, prefixes=echoed)
+    streams = start(st, greq)
+    eng = st.engine.engine
+    if req.stream:
+        opts = req.stream_options or P.StreamOptions()
+        return await send_answer(request, asm, streams, ignored, events=completion_stream(
+            asm, streams, eng, opts, logprobs=req.logprobs, echo=req.echo))
+    return await send_answer(request, asm, streams, ignored,
+                             full=completion_full(asm, streams, eng, logprobs=req.logprobs))
+
+
+def _prompts(st: ServerState, req: P.CompletionRequest) -> list[Prompt]:
+    p = req.prompt
+    if isinstance(p, str):
+        items: list = [p]
+    elif p and all(isinstance(x, int) for x in p):
+        items = [p]
+    else:
+        items = list(p)
+    out = []
+    for item in items:
+        if isinstance(item, str):
+            ids = st.prompts.encode(item)
+            if not ids:
+                raise bad_request("a prompt encodes to no tokens", param="prompt")
+            out.append(Prompt(ids=ids, text=item))
+        else:
+            out.append(Prompt(ids=list(item)))
+    return out
+
+
+def _prompt_text(st: ServerState, p: Prompt) -> str:
+    """The prompt as echoed: as sent, or its token ids decoded."""
+    return p.text if p.text is not None else st.engine.engine.tokenizer.decode(p.ids, skip_special_tokens=False)
