@@ -5,9 +5,8 @@
     if decision.blocking:
         raise G906Error(decision.reason, hint=decision.hint)
 
-Facts: a g906.doctor.facts.Facts (its visible_amd_gpus(), torch, python and rccl fields are
-read), or any dict of the same shape (None: collected now with g906.doctor.facts.collect_facts);
-every key is optional:
+Facts: the doctor's Facts (its visible_amd_gpus(), torch, python and rccl fields are read), or
+any dict of the same shape, every key optional:
 
     gpus: [{"gfx": "gfx906", ...}, ...]              (keys tried: gfx, arch, gfx_target, gcn_arch_name, name)
     gpu_archs: ["gfx906", ...]                       (a flat alternative)
@@ -15,8 +14,10 @@ every key is optional:
     python: {"executable": "/path/bin/python"}       or torch.python / a plain string
     rccl: {"has_gfx906": false, "gfx_targets": [...], "offload_targets": [...]}
 
-When facts say nothing about RCCL, the library in torch/lib is inspected directly; when they say
-nothing about torch, the current interpreter's torch is located (in a subprocess).
+Without facts (None), the GPUs are read from the KFD topology here (g906.kfd): the swap sits
+below the doctor and never imports it. When facts say nothing about RCCL, the library in
+torch/lib is inspected directly; when they say nothing about torch, the current interpreter's
+torch is located (in a subprocess).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from g906.errors import G906Error
+from g906.kfd import topology_gpus, visible_gpus
 from g906.rccl.libinfo import inspect_library, validate_new_library
 from g906.rccl.target import Target, read_torch_version, resolve_target
 
@@ -127,15 +129,10 @@ def ensure_rccl_for_plan(plan: Any, facts: Any, *, assume_yes: bool, dry_run: bo
     tp = int(getattr(plan, "tensor_parallel_size", 1) or 1)
     if tp <= 1:
         return RcclDecision(NOT_NEEDED, "single GPU (tensor_parallel_size = 1): RCCL is not used")
-    if facts is None:                               # nothing given: ask the doctor now
-        try:
-            from g906.doctor.facts import collect_facts
-
-            facts = collect_facts(python=sys.executable)
-        except Exception:  # noqa: BLE001 - without facts the GPUs are unknown; say so below
-            facts = None
     f = _as_dict(facts)
-    if hasattr(facts, "visible_amd_gpus"):          # g906.doctor.facts.Facts: the GPUs HIP would see
+    if facts is None:                               # nothing given: the GPUs HIP would see here
+        f["gpus"] = visible_gpus(topology_gpus(), os.environ)
+    elif hasattr(facts, "visible_amd_gpus"):        # the doctor's Facts: the GPUs HIP would see
         f["gpus"] = facts.visible_amd_gpus()
     archs = gpu_archs(f)
     if "gfx906" not in archs:

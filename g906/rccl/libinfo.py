@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from g906 import elf
+from g906 import binfmt
 from g906.errors import G906Error
 from g906.rccl.fsutil import sha256_file
 
@@ -46,7 +46,7 @@ def inspect_library(path: Path, *, checksum: bool = True) -> LibraryInfo:
         info.problem = f"cannot read {path}: {exc.strerror or exc}"
         return info
     try:
-        ef = elf.read_elf(path)
+        ef = binfmt.read_elf(path)
     except G906Error as exc:
         info.problem = exc.message
         return info
@@ -55,13 +55,13 @@ def inspect_library(path: Path, *, checksum: bool = True) -> LibraryInfo:
     info.type = ef.type_name
     info.soname = ef.soname
     try:
-        info.offload_targets = elf.offload_targets(path)
-        info.gfx_archs = elf.gfx_targets(info.offload_targets)
-        info.has_gfx906 = elf.has_gfx_target(info.offload_targets, WANT_GFX)
+        info.offload_targets = binfmt.offload_targets(path)
+        info.gfx_archs = binfmt.gfx_targets(info.offload_targets)
+        info.has_gfx906 = binfmt.has_gfx_target(info.offload_targets, WANT_GFX)
     except G906Error as exc:
         info.problem = f"its device code cannot be read: {exc.message}"
     try:
-        info.rccl_version = elf.rccl_version(path)
+        info.rccl_version = binfmt.rccl_version(path)
     except G906Error:
         info.rccl_version = None
     if info.problem is None:

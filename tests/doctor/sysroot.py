@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from g906.elf import build_elf, write_offload_bundle
+from g906.binfmt import build_elf, write_offload_bundle
 
 GiB = 1024 ** 3
 ALICE_UID, ALICE_GID = 4242, 4243  # a user that owns none of the fixture files

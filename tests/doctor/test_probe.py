@@ -66,7 +66,7 @@ def test_interpreter_without_torch(tmp_path):
 
 
 def test_doctor_modules_do_not_import_torch():
-    code = ("import sys, g906.doctor, g906.doctor.checks, g906.cli.doctor, g906.elf;"
+    code = ("import sys, g906.doctor, g906.doctor.checks, g906.cli.doctor, g906.binfmt;"
             "from g906.doctor.checks import all_checks; all_checks();"
             "print('torch' in sys.modules, 'triton' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

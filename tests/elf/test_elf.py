@@ -1,4 +1,4 @@
-"""g906.elf: the ELF reader and the clang offload-bundle parser, on real shared objects built
+"""g906.binfmt: the ELF reader and the clang offload-bundle parser, on real shared objects built
 with the system C compiler (when there is one) and on files from the pure-Python builder."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from g906 import elf
-from g906.elf import (
+from g906 import binfmt
+from g906.binfmt import (
     EM_AMDGPU,
     EM_X86_64,
     ET_DYN,
@@ -363,5 +363,6 @@ def test_sections_agree_with_readelf(tmp_path):
 
 
 def test_module_needs_no_pyelftools():
-    src = Path(elf.__file__).read_text()
-    assert "import elftools" not in src and "from elftools" not in src
+    for path in Path(binfmt.__file__).parent.glob("*.py"):
+        src = path.read_text()
+        assert "import elftools" not in src and "from elftools" not in src, path

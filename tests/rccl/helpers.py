@@ -1,8 +1,8 @@
 """Helpers for g906 rccl tests: real ELF shared objects, fake torch environments, a CLI runner.
 
 Libraries are compiled with `cc -shared -Wl,-soname,...` and get a .hip_fatbin section (a clang
-offload bundle from g906.elf.write_offload_bundle) through objcopy; without a compiler they are
-built by g906.elf.build_elf. A fake torch environment is a site-packages folder holding
+offload bundle from g906.binfmt.write_offload_bundle) through objcopy; without a compiler they are
+built by g906.binfmt.build_elf. A fake torch environment is a site-packages folder holding
 torch/version.py, torch/__init__.py and torch/lib/librccl.so.1 (+ librccl.so -> librccl.so.1),
 plus bin/python, a wrapper that runs this interpreter with that folder first on PYTHONPATH.
 """
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 
-from g906.elf import build_elf, write_offload_bundle
+from g906.binfmt import build_elf, write_offload_bundle
 
 HOST_ID = "host-x86_64-unknown-linux-gnu-"
 STOCK_ARCHS = ("gfx908", "gfx90a", "gfx942")     # what torch's ROCm wheel ships (no gfx906)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from g906.doctor.facts import Facts
@@ -110,3 +113,26 @@ def test_plain_dict_facts():
                                        "rccl": {"has_gfx906": False}},
                              assume_yes=False, dry_run=True, interactive=False)
     assert d.blocking and d.command.endswith("--lib-dir /x/torch/lib")
+
+
+def test_without_facts_the_kfd_gpus_that_hip_sees_decide(monkeypatch):
+    """facts=None: the GPUs come from the KFD topology (g906.kfd), filtered like HIP filters them."""
+    import g906.rccl.integration as integration
+
+    kfd = [{"index": 0, "gfx": "gfx90a"}, {"index": 1, "gfx": "gfx906"}]
+    monkeypatch.setattr(integration, "topology_gpus", lambda: [dict(g) for g in kfd])
+    monkeypatch.delenv("ROCR_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("HIP_VISIBLE_DEVICES", "0")
+    d = ensure_rccl_for_plan(plan(2), None, assume_yes=False, dry_run=True, interactive=False)
+    assert d.action == "not_needed" and "gfx90a" in d.reason
+    monkeypatch.setenv("HIP_VISIBLE_DEVICES", "1")     # the gfx906: this interpreter's torch/lib is read
+    d = ensure_rccl_for_plan(plan(2), None, assume_yes=False, dry_run=True, interactive=False)
+    assert d.action != "not_needed" and d.lib_dir and d.lib_dir.endswith("lib")
+
+
+def test_rccl_never_imports_the_doctor():
+    code = ("import sys, g906.rccl, g906.rccl.integration, g906.rccl.transaction; "
+            "assert not [m for m in sys.modules if m.startswith('g906.doctor')], 'the doctor was imported'")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr

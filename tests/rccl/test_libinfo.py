@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from g906.elf import EM_AARCH64, ET_EXEC, build_elf
+from g906.binfmt import EM_AARCH64, ET_EXEC, build_elf
 from g906.errors import G906Error
 from g906.rccl.libinfo import inspect_library, validate_new_library
 

@@ -289,7 +289,7 @@ def test_cli_round_trip_json(fake_env, gfx906_lib):
 
 
 def test_pure_python_libraries_work_too(fake_env, make_lib):
-    """The no-compiler fallback (g906.elf.build_elf) yields libraries the swap accepts."""
+    """The no-compiler fallback (g906.binfmt.build_elf) yields libraries the swap accepts."""
     pure_stock = make_lib("stock-pure", archs=("gfx908",), pure=True)
     pure_new = make_lib("g906-pure", archs=("gfx906",), pure=True)
     env = fake_env(pure_stock)

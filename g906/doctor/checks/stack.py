@@ -327,7 +327,7 @@ def rccl_gfx906(ctx: Ctx) -> Result:
     detail = desc + "\ndevice code for: " + (", ".join(archs) or "none found")
     if rc.get("has_gfx906"):
         # target features: code built for sramecc+ (MI50/MI60) does not load on sramecc- (Radeon VII)
-        from g906.elf import has_gfx_target
+        from g906.binfmt import has_gfx_target
 
         device_targets = sorted({d.get("arch") for d in ctx.torch.get("devices", [])
                                  if normalise_arch(d.get("arch")) == "gfx906" and ":" in str(d.get("arch"))})
