@@ -28,7 +28,7 @@ import triton.testing  # noqa: E402
 from g906.engine.weights import QuantizedTensor  # noqa: E402
 from g906.kernels import ops, registry  # noqa: E402,F401
 from g906.kernels.linear import dense, gguf_matmul, packed, packed_config  # noqa: E402
-from g906.kernels.linear.reference import BLOCKS  # noqa: E402
+from g906.kernels.linear.gguf_blocks import BLOCKS  # noqa: E402
 
 # Qwen3.5 text shapes (HF config.json: hidden, intermediate, q heads, kv heads, head_dim,
 # linear-attention k heads / v heads, head dims 128).

@@ -82,7 +82,7 @@ def _plane_strides(args) -> dict:
     import torch
 
     from g906.kernels.linear import packed_config, repack
-    from g906.kernels.linear.reference import BLOCKS
+    from g906.kernels.linear.gguf_blocks import BLOCKS
 
     be, bb = BLOCKS[args.qtype]
     raw = torch.zeros(1, args.k // be * bb, dtype=torch.uint8)

@@ -1,11 +1,11 @@
 """PyTorch reference of the quantized token embedding: the rows' GGUF blocks gathered, then
-dequantized (linear.reference.dequantize)."""
+dequantized (linear.gguf_blocks.dequantize)."""
 
 from __future__ import annotations
 
 import torch
 
-from ..linear.reference import dequantize
+from ..linear.gguf_blocks import dequantize
 
 
 def embedding(weight, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -5,6 +5,7 @@
     reference.py      their PyTorch references
     dense.py          dense GEMV, T <= 16 (fp16/fp32 weights)
     residual_norm.py  the RMSNorm between two projections, split over their GEMVs
+    gguf_blocks.py    GGUF block geometry and dequantization in torch (the reference decode)
     gguf_decode.py    GGUF blocks decoded inside a kernel
     gguf_matmul.py    dequant-GEMV / GEMM straight from raw GGUF blocks
     repack.py         load-time repacking of GGUF weights (PackedQuant)

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .._triton_util import is_rocm
-from .reference import BLOCKS, _k_scales
+from .gguf_blocks import BLOCKS, _scale_min_k4
 
 PACKED_TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K")
 
@@ -236,7 +236,7 @@ def _pack_rows(raw: torch.Tensor, qtype: str, rows: int, K: int,
         return PackedQuant(qtype, (rows, K), {"qs": qs, "d": d.contiguous()})
     if qtype in ("Q4_K", "Q5_K"):
         dm = blocks[:, 0:4].contiguous().view(torch.int32).reshape(rows, K // 256)
-        sc, m = _k_scales(blocks[:, 4:16])                                  # [nb, 8] float
+        sc, m = _scale_min_k4(blocks[:, 4:16])                              # [nb, 8] uint8
         scm = (sc.to(torch.int32) | (m.to(torch.int32) << 8)).to(torch.int16)  # < 2^14: fits
         qoff = 16 if qtype == "Q4_K" else 48
         b = blocks[:, qoff:qoff + 128].to(torch.int32).view(nb, 4, 32)
