@@ -4,7 +4,7 @@
 
 - G906_KERNELS=reference: always the reference.
 - G906_KERNELS=triton: always the Triton kernel (CPU tensors only under TRITON_INTERPRET=1);
-  an op without a Triton kernel, or a call its kernel does not support, raises G906Error.
+  an op without a Triton kernel, or a call its kernel does not support, raises KernelChoiceError.
 - G906_KERNELS=auto (default): CPU tensors get the reference; GPU tensors get the Triton kernel
   when Triton imports and the op's `supports(*args, **kwargs)` accepts the call (dtype the
   device can compute, shapes in range), else the reference.
@@ -25,6 +25,17 @@ from typing import Any, Callable
 import torch
 
 MODES = ("reference", "triton", "auto")
+
+
+class KernelChoiceError(Exception):
+    """G906_KERNELS asks for what cannot run: an unknown mode, or a Triton kernel forced where
+    there is none or it cannot take the call. `hint` says what to do instead; the engine
+    reports both as its own user-facing error."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
 
 
 @dataclass
@@ -71,10 +82,8 @@ def mode() -> str:
         return _MODE_SEEN[1]
     m = raw.strip().lower() or "auto"
     if m not in MODES:
-        from g906.errors import G906Error
-
-        raise G906Error(f"G906_KERNELS={m!r} is not one of {', '.join(MODES)}",
-                        hint="unset it or set G906_KERNELS=auto")
+        raise KernelChoiceError(f"G906_KERNELS={m!r} is not one of {', '.join(MODES)}",
+                                hint="unset it or set G906_KERNELS=auto")
     _MODE_SEEN[:] = [raw, m]
     return m
 
@@ -153,20 +162,14 @@ def choose(name: str, *args, **kwargs) -> str:
     on_gpu = t is not None and t.device.type == "cuda"
     if m == "triton":
         if op.triton is None:
-            from g906.errors import G906Error
-
-            raise G906Error(f"kernel {name!r} has no Triton implementation",
-                            hint="use G906_KERNELS=auto or reference")
+            raise KernelChoiceError(f"kernel {name!r} has no Triton implementation",
+                                    hint="use G906_KERNELS=auto or reference")
         if not on_gpu and not interpret():
-            from g906.errors import G906Error
-
-            raise G906Error(f"G906_KERNELS=triton but {name!r} was called on CPU tensors",
-                            hint="set TRITON_INTERPRET=1 to run Triton kernels on the CPU")
+            raise KernelChoiceError(f"G906_KERNELS=triton but {name!r} was called on CPU tensors",
+                                    hint="set TRITON_INTERPRET=1 to run Triton kernels on the CPU")
         if op.supports is not None and not op.supports(*args, **kwargs):
-            from g906.errors import G906Error
-
-            raise G906Error(f"the Triton kernel {name!r} does not support this call "
-                            "(dtype or shape out of its range)", hint="use G906_KERNELS=auto")
+            raise KernelChoiceError(f"the Triton kernel {name!r} does not support this call "
+                                    "(dtype or shape out of its range)", hint="use G906_KERNELS=auto")
         return "triton"
     return "triton" if _auto_picks_triton(op, args, kwargs) else "reference"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from g906.errors import G906Error
 from g906.kernels import ops, registry
+from g906.kernels.registry import KernelChoiceError
 
 
 def test_every_op_has_reference_and_kernel():
@@ -36,7 +36,7 @@ def test_forced_reference(monkeypatch):
 def test_forced_triton_on_cpu_needs_interpreter(monkeypatch):
     monkeypatch.setenv("G906_KERNELS", "triton")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    with pytest.raises(G906Error, match="CPU tensors"):
+    with pytest.raises(KernelChoiceError, match="CPU tensors"):
         registry.choose("silu_and_mul", torch.randn(2, 4))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert registry.choose("silu_and_mul", torch.randn(2, 4)) == "triton"
@@ -55,7 +55,7 @@ def test_forced_triton_runs_kernel_through_ops(monkeypatch):
 
 def test_bad_mode(monkeypatch):
     monkeypatch.setenv("G906_KERNELS", "fast")
-    with pytest.raises(G906Error, match="G906_KERNELS"):
+    with pytest.raises(KernelChoiceError, match="G906_KERNELS"):
         registry.choose("silu_and_mul", torch.randn(2, 4))
 
 
@@ -63,5 +63,5 @@ def test_unsupported_call_is_refused_when_forced(monkeypatch):
     monkeypatch.setenv("G906_KERNELS", "triton")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     x = torch.randn(2, 4, dtype=torch.float64)
-    with pytest.raises(G906Error, match="does not support"):
+    with pytest.raises(KernelChoiceError, match="does not support"):
         registry.choose("silu_and_mul", x)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from .. import registry
 from .._triton_util import empty, is_rocm, next_pow2
 from ..pdl import pdl_args
 from .dense import _gemv_config, dense_gemv
@@ -59,9 +60,8 @@ def silu_mul_linear(x, weight, *, add_norm=None):
     if (getattr(weight, "planes", None) is not None and x.stride(1) == 1 and x.shape[0] <= 16
             and x.dtype in (torch.float16, torch.float32) and _packed_silu_pays(x, weight)):
         return packed_matmul(x, weight, silu=True, add_norm=add_norm)  # its GEMV fuses it
-    from .. import ops
-
-    return ops.linear(ops.silu_and_mul(x), weight, add_norm=add_norm)
+    return registry.dispatch("linear", registry.dispatch("silu_and_mul", x), weight,
+                             add_norm=add_norm)
 
 
 def gated_norm_linear(o, z, norm_weight, eps, weight, *, add_norm=None):
@@ -74,10 +74,8 @@ def gated_norm_linear(o, z, norm_weight, eps, weight, *, add_norm=None):
             and D & (D - 1) == 0 and norm_weight.numel() == D):
         return dense_gemv(x, weight, prologue=("gated_norm", z, norm_weight, eps),
                           add_norm=add_norm)
-    from .. import ops
-
-    return ops.linear(ops.gated_rms_norm(o, z, norm_weight, eps).reshape(T, H * D), weight,
-                      add_norm=add_norm)
+    normed = registry.dispatch("gated_rms_norm", o, z, norm_weight, eps)
+    return registry.dispatch("linear", normed.reshape(T, H * D), weight, add_norm=add_norm)
 
 
 def linear(x, weight, *, add_norm=None, rms_of=None, **cfg):
@@ -101,9 +99,7 @@ def linear_glu(x, weight, *, rms_of=None):
     as linear's."""
     if getattr(weight, "planes", None) is not None:
         return packed_matmul(x, weight, glu=True, rms_of=rms_of)
-    from .. import ops
-
-    return ops.silu_and_mul(linear(x, weight, rms_of=rms_of))
+    return registry.dispatch("silu_and_mul", linear(x, weight, rms_of=rms_of))
 
 
 # Packed types whose GEMVs take the split RMSNorm on CUDA: measured on the H200 with the

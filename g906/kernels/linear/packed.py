@@ -11,6 +11,7 @@ import functools
 import torch
 import triton
 
+from .. import registry
 from .._triton_util import empty, next_pow2
 from ..pdl import pdl_args
 from . import packed_config
@@ -64,11 +65,9 @@ def packed_matmul(x, pw, *, silu=False, glu=False, add_norm=None, rms_of=None, *
     if T == 0:
         return out
     if not gemv and (silu or glu):   # the silu-mul as its own op, before or after
-        from .. import ops
-
         if silu:
-            return packed_matmul(ops.silu_and_mul(x), pw, DOT=dot, **cfg)
-        return ops.silu_and_mul(packed_matmul(x, pw, DOT=dot, **cfg))
+            return packed_matmul(registry.dispatch("silu_and_mul", x), pw, DOT=dot, **cfg)
+        return registry.dispatch("silu_and_mul", packed_matmul(x, pw, DOT=dot, **cfg))
     if gemv:
         x, rms_of = _rms_in_registers(x, rms_of)
         qs, qh, a, b = _pq_args(pw)
