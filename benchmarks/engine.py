@@ -39,7 +39,8 @@ import torch  # noqa: E402
 from g906.bench.bandwidth import measure_copy_bandwidth, measure_matmul_flops  # noqa: E402
 from g906.bench.metrics import LengthSpec, Workload  # noqa: E402
 from g906.bench.offline import make_engine, run_offline  # noqa: E402
-from g906.bench.synthetic import build_synthetic, shape_config  # noqa: E402
+from g906.bench.synthetic import build_synthetic  # noqa: E402
+from g906.engine.synthetic import shape_config  # noqa: E402
 from g906.engine.model_runner import DEFAULT_PREFILL_GRAPH_TOKENS  # noqa: E402
 
 # the figures (H200, 2026-11-30)

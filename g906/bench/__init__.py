@@ -1,6 +1,7 @@
 """Benchmarks of the engine and of any OpenAI-compatible server (`g906 bench`).
 
-    synthetic.py   random-weight models of the real Qwen3.5 shapes, built on the device
+    synthetic.py   LoadedModels of random weights of the real Qwen3.5 shapes (g906.engine.synthetic),
+                   built on the device, and the weight bytes a decode step reads
     bandwidth.py   copy bandwidth of the device (the batch-1 decode limit)
     metrics.py     workloads (lengths, rate, concurrency) and the figures of a run
     offline.py     the engine in-process, step by step

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from g906.bench.synthetic import SEED, QuantPlan, make_tensor, shape_config, tensor_specs
+from g906.engine.synthetic import SEED, QuantPlan, make_tensor, shape_config, tensor_specs
 from g906.engine.weights import QuantizedTensor
 from g906.errors import G906Error
 

@@ -48,7 +48,7 @@ def build_hf_model(config: ModelConfig, *, device="cuda", dtype: torch.dtype = t
     """transformers' Qwen3_5ForCausalLM with the synthetic builder's dense weights."""
     from transformers import Qwen3_5ForCausalLM
 
-    from g906.bench.synthetic import synthetic_weights
+    from g906.engine.synthetic import synthetic_weights
 
     dev = torch.device(device)
     cfg = hf_text_config(config)

@@ -14,18 +14,20 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from g906.bench.metrics import RequestRecord, Workload, summarize
 from g906.errors import G906Error
 
+if TYPE_CHECKING:
+    from g906.engine.llm_engine import EngineConfig
 
-def open_model(*, model: str | None = None, recipe: str | None = None, shape: str | None = None,
-               quant: str = "f16", dtype: str = "auto", device: str | None = None,
-               overrides: dict | None = None, seed: int = 906, progress: bool = False):
-    """(LoadedModel, plan or None) from one of: a model source, a recipe file, a synthetic shape."""
-    given = [x for x in (model, recipe, shape) if x]
-    if len(given) != 1:
+
+def open_model(*, model: str | None = None, shape: str | None = None, quant: str = "f16", dtype: str = "auto",
+               device: str | None = None, overrides: dict | None = None, seed: int = 906, progress: bool = False):
+    """A LoadedModel from one of: a model source, a synthetic shape (a recipe's model comes from
+    g906.serving.open_recipe_model)."""
+    if (model is None) == (shape is None):
         from g906.errors import UsageError
 
         raise UsageError("give exactly one of --model, --recipe or --shape",
@@ -33,61 +35,50 @@ def open_model(*, model: str | None = None, recipe: str | None = None, shape: st
     if shape:
         from g906.bench.synthetic import build_synthetic
 
-        return build_synthetic(shape, quant=quant, dtype=dtype, device=device, overrides=overrides, seed=seed), None
-    plan = None
-    if recipe:
-        from pathlib import Path
-
-        from g906.recipe.load import load_recipe
-        from g906.recipe.resolve import resolve
-
-        path = Path(recipe)
-        plan = resolve(load_recipe(path), path)
-        model = plan.model_source if plan.model_format == "builtin" else str(plan.model_path)
-        dtype = plan.dtype if dtype == "auto" else dtype
-        if device is None and plan.devices:
-            import torch
-
-            if torch.cuda.is_available():
-                device = f"cuda:{plan.devices[0]}"
+        return build_synthetic(shape, quant=quant, dtype=dtype, device=device, overrides=overrides, seed=seed)
     from g906.engine.loader import load_model
 
-    loaded = load_model(str(model), dtype=dtype, device=device, progress=progress)
+    return add_weight_stats(load_model(str(model), dtype=dtype, device=device, progress=progress))
+
+
+def add_weight_stats(loaded):
+    """loaded, its info completed with the weight bytes and the bytes a decode step reads."""
     if "bytes_per_token" not in loaded.info:
         from g906.bench.synthetic import weight_stats
 
         loaded.info.update(weight_stats(loaded.model))
-    return loaded, plan
+    return loaded
 
 
-def make_engine(loaded, workload: Workload, *, plan=None, enforce_eager: bool = False,
+def make_engine(loaded, workload: Workload, *, base: EngineConfig | None = None, enforce_eager: bool = False,
                 max_num_seqs: int | None = None, max_model_len: int | None = None,
                 max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.9,
                 num_kv_blocks: int | None = None, block_size: int = 16, prefill_graph_tokens: int | None = None):
-    """An LLMEngine sized for the workload (or for the recipe's plan, when given).
-    prefill_graph_tokens None: the recipe's, else the engine's default; 0: eager prefill."""
+    """An LLMEngine sized for the workload, or with `base`'s limits (a recipe's EngineConfig,
+    g906.serving.engine_config_from_plan) when given: then only enforce_eager (when set),
+    num_kv_blocks and prefill_graph_tokens (when not None) change it.
+    prefill_graph_tokens None: base's, else the engine's default; 0: eager prefill."""
     from g906.engine.llm_engine import EngineConfig, LLMEngine
 
-    fields = {f.name for f in dataclasses.fields(EngineConfig)}
-    extra = {"enforce_eager": enforce_eager} if "enforce_eager" in fields else {}
+    extra: dict[str, Any] = {}
     if prefill_graph_tokens is not None:
         extra["prefill_graph_tokens"] = int(prefill_graph_tokens)
-    if plan is not None:
-        cfg = EngineConfig.from_plan(plan, num_kv_blocks=num_kv_blocks, **extra)
-        if "enforce_eager" in fields and not enforce_eager:
-            cfg.enforce_eager = bool(getattr(plan, "enforce_eager", False))
+    if base is not None:
+        if num_kv_blocks is not None:
+            extra["num_kv_blocks"] = num_kv_blocks
+        cfg = dataclasses.replace(base, enforce_eager=base.enforce_eager or enforce_eager, **extra)
     else:
         need = workload.prompt_len.hi + workload.output_len.hi + 16
-        cpu = str(loaded.info.get("device", "cpu")).startswith("cpu")
         cfg = EngineConfig(
             max_num_seqs=max_num_seqs or max(1, workload.max_concurrency),
             max_num_batched_tokens=max_num_batched_tokens or max(2048, min(8192, workload.prompt_len.hi)),
             max_model_len=max_model_len or need,
             block_size=block_size,
             gpu_memory_utilization=gpu_memory_utilization,
-            cpu_kv_cache_gib=1.0 if cpu else 1.0,
+            cpu_kv_cache_gib=1.0,
             num_kv_blocks=num_kv_blocks,
             seed=workload.seed,
+            enforce_eager=enforce_eager,
             **extra,
         )
     return LLMEngine(loaded, cfg)

@@ -55,11 +55,11 @@ def result_rows(res: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def print_result(res: dict[str, Any], console=None) -> None:
+    """One rich table on `console` (default: a rich Console on stdout)."""
+    from rich.console import Console
     from rich.table import Table
 
-    from g906.cli.output import console as default_console
-
-    con = console or default_console
+    con = console or Console(highlight=False)
     t = Table(title=f"g906 bench ({res.get('mode', '')})", show_header=False, title_justify="left")
     t.add_column("metric", style="bold")
     t.add_column("value", justify="right")

@@ -43,7 +43,7 @@ def run_bench(*, model, recipe, shape, quant, overrides, url, served_model, api_
         if not shape:
             raise UsageError("--write-gguf writes a synthetic model: give --shape (and --quant)")
         from g906.bench.gguf_out import write_synthetic_gguf
-        from g906.bench.synthetic import parse_overrides
+        from g906.engine.synthetic import parse_overrides
 
         info = write_synthetic_gguf(shape, quant, write_gguf, overrides=parse_overrides(overrides), seed=seed)
         if as_json:
@@ -69,14 +69,23 @@ def run_bench(*, model, recipe, shape, quant, overrides, url, served_model, api_
         res.update(mode="online", target=url, workload=wl.describe())
     else:
         from g906.bench.offline import bandwidth_figures, make_engine, open_model, run_offline
-        from g906.bench.synthetic import parse_overrides
+        from g906.engine.synthetic import parse_overrides
 
+        if sum(1 for x in (model, recipe, shape) if x) != 1:
+            raise UsageError("give exactly one of --model, --recipe or --shape",
+                             hint="e.g. g906 bench --shape qwen3.5-0.8b, or --model builtin:tiny-qwen35")
         if not as_json:
             err_console.print("[dim]loading the model...[/]")
-        loaded, plan = open_model(model=model, recipe=recipe, shape=shape, quant=quant, dtype=dtype,
-                                  device=device, overrides=parse_overrides(overrides), seed=seed,
-                                  progress=not as_json and not no_progress)
-        engine = make_engine(loaded, wl, plan=plan, enforce_eager=enforce_eager, prefill_graph_tokens=prefill_graphs,
+        progress = not as_json and not no_progress
+        base = None
+        if recipe:
+            from g906.serving import open_recipe_model
+
+            loaded, base = open_recipe_model(recipe, dtype=dtype, device=device, progress=progress)
+        else:
+            loaded = open_model(model=model or None, shape=shape or None, quant=quant, dtype=dtype, device=device,
+                                overrides=parse_overrides(overrides), seed=seed, progress=progress)
+        engine = make_engine(loaded, wl, base=base, enforce_eager=enforce_eager, prefill_graph_tokens=prefill_graphs,
                              max_num_seqs=max_num_seqs,
                              max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
                              gpu_memory_utilization=gpu_memory_utilization, num_kv_blocks=num_kv_blocks)

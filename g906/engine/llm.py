@@ -1,7 +1,7 @@
 """The offline API:
 
     from g906 import LLM, SamplingParams
-    llm = LLM("builtin:tiny-qwen35")          # a model source, or a resolved recipe Plan
+    llm = LLM("builtin:tiny-qwen35")          # a GGUF file, an HF directory or builtin:NAME
     outs = llm.generate(["Hello", [1, 2, 3], [{"role": "user", "content": "hi"}]],
                         SamplingParams(temperature=0, max_tokens=16, logprobs=2))
     outs[0].outputs[0].text, .token_ids, .finish_reason, .logprobs
@@ -12,13 +12,17 @@ chat template with the generation prompt added."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence as Seq
+from typing import TYPE_CHECKING, Any, Iterable, Sequence as Seq
 
 from g906.engine.llm_engine import EngineConfig, LLMEngine, StepOutput
 from g906.engine.sampler import TokenLogprobs
 from g906.engine.sampling_params import SamplingParams
 from g906.errors import G906Error
+
+if TYPE_CHECKING:
+    from g906.engine.hf_style_tokenizer import HFStyleTokenizer
 
 
 @dataclass
@@ -125,42 +129,50 @@ def convert_logprobs(engine: LLMEngine, lps: Iterable[TokenLogprobs]) -> list[Lo
 
 
 class LLM:
+    """vLLM's offline API over the embedded engine. `model` is a model source: a GGUF file, an HF
+    directory or builtin:NAME (g906.serving.llm_from_plan builds one from a recipe's Plan)."""
+
     def __init__(self, model, *, dtype: str = "auto", device=None, chat_template: str | None = None,
                  max_num_seqs: int = 16, max_num_batched_tokens: int | None = None,
                  max_model_len: int | None = None, block_size: int = 16, gpu_memory_utilization: float = 0.9,
                  cpu_kv_cache_gib: float = 1.0, num_kv_blocks: int | None = None, seed: int | None = None,
-                 progress: bool = False, warm_up: bool = False, tensor_parallel_size: int | None = None,
-                 enforce_eager: bool | None = None, prefill_graph_tokens: int | None = None):
+                 progress: bool = False, warm_up: bool = False, tensor_parallel_size: int = 1,
+                 devices: list[int] | None = None, enforce_eager: bool | None = None,
+                 prefill_graph_tokens: int | None = None):
         """`enforce_eager` (no decode or prefill graphs) and `prefill_graph_tokens` (0: prefill
-        eager) override a plan's values; without a plan, None keeps EngineConfig's defaults."""
-        from g906.engine.loader import load_model
-
-        plan = model if hasattr(model, "recipe") and hasattr(model, "model_source") else None
+        eager): None keeps EngineConfig's defaults. `devices`: GPU indices, one per
+        tensor-parallel rank."""
         graphs = {k: v for k, v in (("enforce_eager", enforce_eager),
                                     ("prefill_graph_tokens", prefill_graph_tokens)) if v is not None}
-        devices = None
-        if plan is not None:
-            source = plan.model_source if plan.model_format == "builtin" else str(plan.model_path)
-            dtype = plan.dtype
-            devices = plan.devices
-            if tensor_parallel_size is None:
-                tensor_parallel_size = plan.tensor_parallel_size
-            if plan.chat_template_path is not None:
-                chat_template = str(plan.chat_template_path)
-            config = EngineConfig.from_plan(plan, num_kv_blocks=num_kv_blocks, seed=seed, **graphs)
-            if device is None and plan.devices:
-                import torch
+        config = EngineConfig(
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len, block_size=block_size,
+            gpu_memory_utilization=gpu_memory_utilization, cpu_kv_cache_gib=cpu_kv_cache_gib,
+            num_kv_blocks=num_kv_blocks, seed=seed, **graphs,
+        )
+        self._start(model, config, dtype=dtype, device=device, devices=devices, chat_template=chat_template,
+                    tensor_parallel_size=tensor_parallel_size, progress=progress, warm_up=warm_up)
 
-                if torch.cuda.is_available():
-                    device = f"cuda:{plan.devices[0]}"
-        else:
-            source = str(model)
-            config = EngineConfig(
-                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                max_model_len=max_model_len, block_size=block_size,
-                gpu_memory_utilization=gpu_memory_utilization, cpu_kv_cache_gib=cpu_kv_cache_gib,
-                num_kv_blocks=num_kv_blocks, seed=seed, **graphs,
-            )
+    @classmethod
+    def from_config(cls, model, config: EngineConfig, *, dtype: str = "auto", device=None,
+                    devices: list[int] | None = None, chat_template: str | None = None,
+                    tensor_parallel_size: int = 1, progress: bool = False, warm_up: bool = False) -> "LLM":
+        """An LLM whose engine runs with `config` as given (every EngineConfig field, including
+        those the keyword constructor does not take)."""
+        llm = cls.__new__(cls)
+        llm._start(model, config, dtype=dtype, device=device, devices=devices, chat_template=chat_template,
+                   tensor_parallel_size=tensor_parallel_size, progress=progress, warm_up=warm_up)
+        return llm
+
+    def _start(self, model, config: EngineConfig, *, dtype, device, devices, chat_template,
+               tensor_parallel_size: int, progress: bool, warm_up: bool) -> None:
+        from g906.engine.loader import load_model
+
+        if not isinstance(model, (str, os.PathLike)):
+            raise G906Error(f"LLM takes a model source (a GGUF file, an HF directory or builtin:NAME), "
+                            f"not a {type(model).__name__}",
+                            hint="for a recipe, use g906.serving.llm_from_plan(plan)")
+        source = os.fspath(model)
         self.loaded = load_model(source, dtype=dtype, device=device, chat_template=chat_template, progress=progress,
                                  tensor_parallel_size=tensor_parallel_size or 1, devices=devices)
         try:
@@ -179,8 +191,16 @@ class LLM:
     def tokenizer(self):
         return self.loaded.tokenizer
 
+    def get_tokenizer(self) -> "HFStyleTokenizer":
+        """The model's tokenizer with Hugging Face's method names (encode, decode,
+        apply_chat_template, ...), as vLLM's LLM.get_tokenizer() returns it."""
+        from g906.engine.hf_style_tokenizer import HFStyleTokenizer
+
+        return HFStyleTokenizer(self.loaded.tokenizer, self.prompts)
+
     def close(self) -> None:
-        """Stop the tensor-parallel workers (if any; also done at interpreter exit)."""
+        """Stop the tensor-parallel workers, if any (also done when the LLM is garbage-collected
+        and at interpreter exit)."""
         close = getattr(self.loaded.model, "close", None)
         if callable(close):
             close()

@@ -44,26 +44,8 @@ class EngineConfig:
     seed: int | None = None                # the shared generator of unseeded requests
     enforce_eager: bool = False            # no CUDA/HIP graphs (decode or prefill)
     # prefill steps of at most this many tokens replay CUDA/HIP graphs (0: all prefill eager;
-    # off under enforce_eager; g906/engine/prefill_graphs.py). Measured on an H200 (2026-12-02):
-    # 9B F16, 512-token prompt, 26,346 tok/s with them against 19,185 eager
+    # off under enforce_eager; g906/engine/prefill_graphs.py; docs/bench.md has the gain)
     prefill_graph_tokens: int = DEFAULT_PREFILL_GRAPH_TOKENS
-
-    @classmethod
-    def from_plan(cls, plan, **overrides) -> "EngineConfig":
-        emb = plan.recipe.engine.embedded
-        kw = dict(
-            max_num_seqs=plan.max_num_seqs,
-            max_num_batched_tokens=plan.max_num_batched_tokens,
-            max_model_len=plan.max_model_len,
-            block_size=emb.block_size,
-            gpu_memory_utilization=plan.gpu_memory_utilization,
-            cpu_kv_cache_gib=emb.cpu_kv_cache_gib,
-            max_waiting_requests=emb.max_waiting_requests,
-            enforce_eager=bool(getattr(plan, "enforce_eager", False)),
-            prefill_graph_tokens=emb.prefill_graph_tokens,
-        )
-        kw.update(overrides)
-        return cls(**kw)
 
 
 @dataclass

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from g906.bench.hf import build_hf_model, hf_generate_bench
-from g906.bench.synthetic import build_synthetic, shape_config
+from g906.bench.synthetic import build_synthetic
+from g906.engine.synthetic import shape_config
 from g906.engine.cache import ModelCache
 from g906.engine.context import ForwardContext
 

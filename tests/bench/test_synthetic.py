@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from g906.bench.synthetic import (QuantPlan, build_synthetic, parse_overrides, random_blocks, shape_config,
-                                  shape_names, weight_stats)
+from g906.bench.synthetic import build_synthetic, weight_stats
+from g906.engine.synthetic import QuantPlan, parse_overrides, random_blocks, shape_config, shape_names
 from g906.engine.quant.dequant import block_geometry, dequantize
 from g906.errors import UsageError
 

@@ -168,3 +168,40 @@ def test_generate_cli_json():
     bad = subprocess.run([sys.executable, "-m", "g906", "generate", "--model", "/nope.gguf", "--prompt", "hi"],
                          capture_output=True, text=True, timeout=300, env=env)
     assert bad.returncode == 1 and "Error:" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_get_tokenizer_speaks_hugging_face(llm):
+    """vLLM scripts call llm.get_tokenizer() and use transformers' names and defaults."""
+    tok = llm.get_tokenizer()
+    ids = tok.encode("Hello there")
+    assert ids == llm.tokenizer.encode("Hello there") and tok("Hello there")["input_ids"] == ids
+    assert tok.decode(ids) == "Hello there" and tok.batch_decode([ids, ids[:1]])[0] == "Hello there"
+    assert tok.eos_token_id == llm.tokenizer.eos_token_ids[0] and tok.eos_token == "<|im_end|>"
+    assert tok.convert_tokens_to_ids(tok.convert_ids_to_tokens(ids)) == ids
+    assert len(tok) == llm.tokenizer.vocab_size
+    conv = [{"role": "user", "content": "hi"}]
+    text = tok.apply_chat_template(conv, tokenize=False, add_generation_prompt=True)
+    assert text == llm.prompts.render_chat(conv) and text.endswith("<think>\n")
+    assert not tok.apply_chat_template(conv, tokenize=False).endswith("<think>\n")   # HF's default: no prompt
+    as_ids = tok.apply_chat_template(conv, add_generation_prompt=True)
+    assert as_ids == llm.tokenizer.encode(text)
+    # the ids a script builds this way generate what the chat API does
+    p = SamplingParams(max_tokens=4, **GREEDY)
+    assert llm.generate([as_ids], p)[0].outputs[0].token_ids == llm.chat(conv, p)[0].outputs[0].token_ids
+    assert tok.token_to_id("<|im_end|>") == tok.eos_token_id       # g906's own API shows through
+
+
+def test_get_tokenizer_refuses_what_it_cannot_do(llm):
+    from g906.errors import G906Error
+
+    with pytest.raises(G906Error, match="return_tensors"):
+        llm.get_tokenizer().apply_chat_template([{"role": "user", "content": "hi"}], return_tensors="pt")
+
+
+def test_llm_takes_a_model_source_not_a_plan():
+    from g906 import LLM
+    from g906.errors import G906Error
+
+    with pytest.raises(G906Error) as e:
+        LLM(object())
+    assert "model source" in e.value.message and "llm_from_plan" in e.value.hint

@@ -237,7 +237,9 @@ def _plan(tmp_path, embedded=""):
 @pytest.mark.parametrize("embedded,want", [("", 512), ("prefill_graph_tokens = 64", 64),
                                            ("prefill_graph_tokens = 0", 0)])
 def test_the_recipe_value_reaches_the_engine_config(tmp_path, embedded, want):
-    assert EngineConfig.from_plan(_plan(tmp_path, embedded)).prefill_graph_tokens == want
+    from g906.serving import engine_config_from_plan
+
+    assert engine_config_from_plan(_plan(tmp_path, embedded)).prefill_graph_tokens == want
 
 
 def test_bench_engines_take_the_recipe_value_unless_told(tiny, tmp_path):
@@ -247,11 +249,13 @@ def test_bench_engines_take_the_recipe_value_unless_told(tiny, tmp_path):
     from g906.bench.offline import make_engine
 
     wl = Workload(num_requests=1, prompt_len=LengthSpec(8, 8), output_len=LengthSpec(2, 2), concurrency=1)
-    off = _plan(tmp_path, "prefill_graph_tokens = 0")
+    from g906.serving import engine_config_from_plan
+
+    off = engine_config_from_plan(_plan(tmp_path, "prefill_graph_tokens = 0"))
     assert make_engine(tiny, wl).config.prefill_graph_tokens == 512
     assert make_engine(tiny, wl, prefill_graph_tokens=0).config.prefill_graph_tokens == 0
-    assert make_engine(tiny, wl, plan=off, num_kv_blocks=20).config.prefill_graph_tokens == 0
-    assert make_engine(tiny, wl, plan=off, num_kv_blocks=20, prefill_graph_tokens=64).config.prefill_graph_tokens == 64
+    assert make_engine(tiny, wl, base=off, num_kv_blocks=20).config.prefill_graph_tokens == 0
+    assert make_engine(tiny, wl, base=off, num_kv_blocks=20, prefill_graph_tokens=64).config.prefill_graph_tokens == 64
 
 
 class _FakeGraphs:
@@ -355,9 +359,10 @@ def test_the_offline_api_sets_graphs_with_or_without_a_recipe(tmp_path):
     """LLM(..., enforce_eager=, prefill_graph_tokens=) as vLLM's LLM takes them: over a plan's
     values when given, the engine's defaults (or the plan's) when not."""
     from g906 import LLM
+    from g906.serving import llm_from_plan
 
     def config(model, **kw):
-        llm = LLM(model, num_kv_blocks=8, **kw)
+        llm = (LLM if isinstance(model, str) else llm_from_plan)(model, num_kv_blocks=8, **kw)
         try:
             return llm.engine.config.enforce_eager, llm.engine.config.prefill_graph_tokens
         finally:

@@ -54,7 +54,7 @@ def correct(args) -> dict:
     from g906.engine.parallel import load_model_tp
 
     dev = args.device
-    from g906.bench.synthetic import shape_config
+    from g906.engine.synthetic import shape_config
 
     vocab = shape_config(args.shape, args.overrides).vocab_size
     prompt = [(i * 7919 + 11) % vocab for i in range(args.prompt)]
@@ -140,7 +140,7 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--override", action="append", default=[], help="KEY=VALUE shape field (tiny CPU trials)")
     args = ap.parse_args()
-    from g906.bench.synthetic import parse_overrides
+    from g906.engine.synthetic import parse_overrides
 
     args.overrides = parse_overrides(args.override)
     out = correct(args) if args.what == "correct" else speed(args)

@@ -57,6 +57,30 @@ def test_llm_api_tp2_matches_tp1(expected):
     assert all(w.proc.poll() == 0 for w in workers)
 
 
+def test_an_llm_dropped_without_close_releases_its_workers(expected):
+    """`del llm` (no close()): the workers and the process group go with it, so a second TP
+    engine can start in the same process."""
+    import gc
+
+    import torch.distributed as dist
+
+    from g906 import LLM
+
+    llm = LLM(SOURCE, tensor_parallel_size=2, max_num_seqs=4)
+    procs = [w.proc for w in llm.loaded.model.group.workers]
+    assert procs and all(p.poll() is None for p in procs)
+    del llm
+    gc.collect()
+    assert all(p.poll() is not None for p in procs)
+    assert not dist.is_initialized()
+    again = LLM(SOURCE, tensor_parallel_size=2, max_num_seqs=4)
+    try:
+        out = again.generate([[5, 6, 7, 8, 9]], SamplingParams(max_tokens=10, **GREEDY))[0].outputs[0]
+        assert out.token_ids == expected["ids"]
+    finally:
+        again.close()
+
+
 def g906(*args, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "g906", *args], capture_output=True, text=True, timeout=120, **kw)
 

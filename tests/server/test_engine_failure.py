@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from starlette.testclient import TestClient
 
-from g906.cli.up import load_and_resolve, build_engine
+from g906.serving import build_engine, load_and_resolve
 from g906.engine.async_engine import AsyncEngine
 from g906.engine.llm import PromptBuilder
 from g906.server.app import ServerState, create_app

@@ -4,7 +4,7 @@ on the workers through the control channel.
 
     loaded = load_model_tp("model.gguf", tensor_parallel_size=2)   # a LoadedModel
     LLMEngine(loaded, ...)          # the runner drives loaded.model as usual
-    loaded.model.close()            # also at interpreter exit
+    loaded.model.close()            # also when the model is collected, and at interpreter exit
 
 Failure handling (no orphans, no hangs):
 - each worker's stdin is a pipe from rank 0: a worker exits when rank 0 closes it or dies;
@@ -13,7 +13,8 @@ Failure handling (no orphans, no hangs):
   process groups (unblocking a collective in flight) and calls the failure callbacks (the
   server stops itself); the next call, or the one in flight, raises G906Error with that message;
 - every collective of the compute group has a timeout (G906_TP_TIMEOUT, default 300 s);
-- close() asks the workers to stop, waits briefly, then terminates and kills what is left."""
+- close() asks the workers to stop, waits briefly, then terminates and kills what is left; it
+  also runs when the TPModel is garbage-collected and at interpreter exit."""
 
 from __future__ import annotations
 
@@ -29,13 +30,15 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from typing import Callable
 
 import torch
 from torch import nn
 
+from g906.arch.tp import check_tp_size
 from g906.engine.parallel.group import Comm, abort_distributed, destroy_distributed, init_distributed, timeout_s
-from g906.engine.parallel.rules import check_tp_size
+from g906.engine.synthetic import is_synthetic, open_synthetic
 from g906.envvars import positive_env
 from g906.errors import G906Error
 
@@ -47,13 +50,12 @@ _ACTIVE: list["TPGroup"] = []
 def load_rank(source: str, comm: Comm, *, dtype: torch.dtype, device, progress: bool = False, src=None):
     """Open `source` (unless `src` is the opened source) and load this rank's share:
     (model, source object, global config, stats)."""
-    from g906.engine.loader import open_source
+    from g906.engine.sources import open_source
     from g906.engine.parallel.layers import build_rank_model
     from g906.engine.parallel.sharding import shard_weights
 
     if src is None:
-        src = open_synthetic(source, dtype, device) if str(source).startswith("synthetic:") else \
-            open_source(str(source))[0]
+        src = open_synthetic(source, dtype, device) if is_synthetic(source) else open_source(str(source))[0]
     config = src.config()
     check_tp_size(config, comm.size)
     model = build_rank_model(config, comm, dtype=dtype, device=device)
@@ -63,48 +65,6 @@ def load_rank(source: str, comm: Comm, *, dtype: torch.dtype, device, progress: 
         weights = src.weights()
     stats = model.load_weights(shard_weights(weights, config, comm.rank, comm.size))
     return model, src, config, stats
-
-
-class _SyntheticSource:
-    """"synthetic:SHAPE[?quant=f16&seed=906&FIELD=VALUE...]": random weights of a real shape (g906.bench.synthetic),
-    drawn on each rank's own device from per-tensor seeds, so every rank (and a TP=1 run with
-    build_synthetic) sees the same weights. For benchmarks and the multi-GPU checks."""
-
-    def __init__(self, source: str, dtype: torch.dtype, device):
-        from urllib.parse import parse_qsl
-
-        from g906.bench.synthetic import SEED, parse_overrides, shape_config
-
-        shape, _, query = source[len("synthetic:"):].partition("?")
-        opts = dict(parse_qsl(query))
-        self.shape = shape
-        self.quant = opts.pop("quant", "f16")
-        self.seed = int(opts.pop("seed", SEED))
-        overrides = parse_overrides([f"{k}={v}" for k, v in opts.items()])
-        self._config = shape_config(shape, overrides)
-        self.dtype, self.device = dtype, torch.device(device)
-        self.info = {"synthetic": True, "shape": shape, "quant": self.quant, "seed": self.seed}
-
-    def config(self):
-        return self._config
-
-    def weights(self, progress: bool = False):  # noqa: ARG002
-        from g906.bench.synthetic import synthetic_weights
-
-        return synthetic_weights(self._config, quant=self.quant, dtype=self.dtype, device=self.device,
-                                 seed=self.seed)
-
-    def tokenizer(self):
-        from g906.bench.synthetic import NullTokenizer
-
-        return NullTokenizer()
-
-    def chat_template(self):
-        return None
-
-
-def open_synthetic(source: str, dtype: torch.dtype, device) -> _SyntheticSource:
-    return _SyntheticSource(source, dtype, device)
 
 
 class _Worker:
@@ -369,6 +329,9 @@ class TPModel(nn.Module):
         self.dtype = model.dtype
         self.device = model.device
         self.tensor_parallel_size = group.size
+        # the workers and the process group go when this model does (an LLM dropped without
+        # close()) or at interpreter exit; the finalizer holds the group, never the model
+        self._release = weakref.finalize(self, group.close)
 
     @property
     def cache(self):
@@ -411,7 +374,7 @@ class TPModel(nn.Module):
         self.group.on_failure(cb)
 
     def close(self) -> None:
-        self.group.close()
+        self._release()
 
 
 def _share_cpu_threads(tp: int) -> None:
@@ -426,7 +389,7 @@ def _share_cpu_threads(tp: int) -> None:
 
 
 def _devices(tp: int, device, devices) -> list[torch.device]:
-    from g906.engine.loader import default_device
+    from g906.engine.device import default_device
 
     dev0 = torch.device(device) if device is not None else default_device()
     if dev0.type == "cpu":
@@ -454,7 +417,8 @@ def load_model_tp(source: str, *, tensor_parallel_size: int, dtype="auto", devic
                   chat_template: str | None = None, progress: bool = True):
     """load_model for tensor_parallel_size > 1: a LoadedModel whose .model is a TPModel.
     `devices`: GPU indices, one per rank (default: consecutive from `device`)."""
-    from g906.engine.loader import LoadedModel, open_source, resolve_dtype, tokenizer_and_template
+    from g906.engine.device import resolve_dtype
+    from g906.engine.sources import LoadedModel, open_source, tokenizer_and_template
 
     tp = int(tensor_parallel_size)
     if tp < 1:
@@ -464,7 +428,7 @@ def load_model_tp(source: str, *, tensor_parallel_size: int, dtype="auto", devic
     source = str(source)
     if not source.startswith("builtin:") and os.path.exists(os.path.expanduser(source)):
         source = os.path.abspath(os.path.expanduser(source))
-    if source.startswith("synthetic:"):
+    if is_synthetic(source):
         src, fmt = open_synthetic(source, cdtype, devs[0]), "synthetic"
     else:
         src, fmt = open_source(source)

@@ -1,8 +1,10 @@
 """The vision side of a served model: tower + config + token ids + limits, and the steps a
 request with images goes through.
 
-    vision = load_vision(source, mmproj=plan.mmproj_path, text_config=cfg, tokenizer=tok,
+    vision = load_vision(source, mmproj=mmproj_path, text_config=cfg, tokenizer=tok,
                          dtype=model_dtype, device=model_device)       # None: text-only model
+    vision.configure_limits(count=4, width=1920, height=1080)          # per request (g906.serving
+                                                                       # sets the recipe's)
     prepared = vision.prepare_images(urls, limits)     # fetch/decode/check/resize (CPU; 400s)
     ids, mm = vision.expand(ids, prepared)             # image_pad x n, M-RoPE positions
     vision.encode(mm)                                  # embeddings, once (engine thread)
@@ -189,34 +191,6 @@ def load_vision(source: str | Path, *, mmproj: str | Path | None = None, text_co
     info = {"vision_weight_bytes": nbytes, "vision_load_seconds": round(time.perf_counter() - t0, 3)}
     log.info("vision tower loaded from %s: %d blocks, %.1f MiB", desc, vc.depth, nbytes / 2**20)
     return VisionRuntime(tower, tok, source=desc, info=info)
-
-
-# -------------------------------------------------------------------------------------------
-# g906 up
-
-
-def load_vision_for_plan(plan, loaded) -> VisionRuntime | None:
-    """The vision runtime a Plan asks for (None when images are off), limits configured from
-    the recipe's multimodal.image."""
-    if not plan.images_enabled:
-        return None
-    lim = plan.mm_limits["image"]
-    source = plan.model_source if plan.model_format == "builtin" else str(plan.model_path)
-    mmproj = plan.mmproj_path if plan.model_format == "gguf" else None
-    if plan.model_format == "gguf" and mmproj is None:
-        raise G906Error(f"{source}: images are on but no vision projector (mmproj) was found for it",
-                        hint="put the mmproj-*.gguf beside the model or name it in model.mmproj")
-    model = loaded.model
-    inner = getattr(model, "inner", model)      # a tensor-parallel model: rank 0's
-    dtype = getattr(model, "dtype", None) or getattr(inner, "dtype", torch.float32)
-    device = getattr(model, "device", None) or getattr(inner, "device", None)
-    vision = load_vision(source, mmproj=mmproj, text_config=loaded.config, tokenizer=loaded.tokenizer,
-                         dtype=dtype, device=device, required=True)
-    from g906.engine.vision.image import allowed_local_dirs_from_env
-
-    vision.configure_limits(count=lim.count, width=lim.width, height=lim.height,
-                            allowed_local_dirs=allowed_local_dirs_from_env())
-    return vision
 
 
 def profile_size(vision: VisionRuntime) -> tuple[int, int]:
