@@ -67,20 +67,21 @@ def preflight_hook(plan, facts, *, skip: bool) -> None:
 
 
 def vllm_hook(plan, *, dry_run: bool, as_json: bool) -> int | None:
-    """engine.kind = "vllm": build the exact `vllm serve` command, print it (--dry-run) or run it
+    """engine.kind = "vllm": build the exact `vllm serve` command, print it after the plan
+    (--dry-run; without vLLM installed, for the newest vLLM g906 knows, saying so) or run it
     supervised and return its exit status. None for the embedded engine."""
     if plan.engine_kind != "vllm":
         return None
     from g906.backends.vllm import (PhaseSpinner, build_vllm_command, default_log_file,
-                                    detect_vllm_for_plan, format_dry_run, serve)
+                                    detect_vllm_for_plan, dry_run_json, format_dry_run, serve)
 
-    install = detect_vllm_for_plan(plan)
+    install = detect_vllm_for_plan(plan, assume_if_missing=dry_run)
     cmd = build_vllm_command(plan, install, allow_missing_secret=dry_run)
     if dry_run:
         if as_json:
-            print_json({"engine": "vllm", "argv": cmd.argv, "env": cmd.env, "command": format_dry_run(cmd)})
+            print_json({"plan": describe_plan(plan), **dry_run_json(cmd)})
         else:
-            console.print(format_dry_run(cmd), markup=False, soft_wrap=True)
+            print_plan(plan, as_json=False, command=format_dry_run(cmd))
         return 0
     with PhaseSpinner(err_console) as ui:
         return serve(cmd, log_file=default_log_file(cmd), on_phase=ui.on_phase, echo=ui.echo)
@@ -128,7 +129,8 @@ def describe_plan(plan) -> dict[str, Any]:
     }
 
 
-def print_plan(plan, *, as_json: bool, rccl=None) -> None:
+def print_plan(plan, *, as_json: bool, rccl=None, command: str | None = None) -> None:
+    """The plan, section by section; `command`: the handed-over engine's command line, last."""
     d = describe_plan(plan)
     if rccl is not None:
         d["rccl"] = rccl.to_json()
@@ -152,6 +154,8 @@ def print_plan(plan, *, as_json: bool, rccl=None) -> None:
             console.print(f"  [yellow]warning:[/] {w}", soft_wrap=True)
     for w in d["warnings"]:
         console.print(f"[yellow]warning:[/] {w}")
+    if command is not None:
+        console.print(command, markup=False, soft_wrap=True)
     console.print("(dry run: nothing was loaded)")
 
 
