@@ -18,11 +18,6 @@ from g906.backends.vllm_assumed import NEWEST_KNOWN_VERSION
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = "recipes/qwen3.5-vllm.toml"
 NOTE = f"assuming vLLM {NEWEST_KNOWN_VERSION} (the newest g906 knows); install it to check against the real one"
-NEEDS_CLI = pytest.mark.xfail(
-    strict=True,
-    reason="g906.cli.up.vllm_hook must call detect_vllm_for_plan(plan, assume_if_missing=dry_run), print the "
-           "plan before the command and print_json({'plan': describe_plan(plan), **dry_run_json(cmd)})",
-)
 
 
 def _up(*args: str, path: str, cache: Path) -> subprocess.CompletedProcess:
@@ -40,7 +35,6 @@ def bare_path(tmp_path) -> str:
     return path
 
 
-@NEEDS_CLI
 def test_dry_run_without_vllm_prints_the_plan_and_the_assumed_command(bare_path, tmp_path):
     out = _up("--dry-run", path=bare_path, cache=tmp_path / "cache")
     assert out.returncode == 0, out.stdout + out.stderr
@@ -53,7 +47,6 @@ def test_dry_run_without_vllm_prints_the_plan_and_the_assumed_command(bare_path,
     assert "--limit-mm-per-prompt '{\"image\": 0, \"video\": 0}'" in text
 
 
-@NEEDS_CLI
 def test_dry_run_json_without_vllm(bare_path, tmp_path):
     out = _up("--dry-run", "--json", path=bare_path, cache=tmp_path / "cache")
     assert out.returncode == 0, out.stdout + out.stderr

@@ -153,3 +153,18 @@ def test_cache_sizes_and_reset(tiny_cfg):
     cache.reset_slots([2])
     assert cache.conv[:, 2].abs().sum() == 0 and cache.ssm[:, 2].abs().sum() == 0
     assert bool((cache.conv[:, :2] == 1).all()) and bool((cache.ssm[:, :2] == 1).all())
+
+
+def test_the_architecture_tables_name_every_weight_of_the_transformers_model(tiny_qwen35_hf_model):
+    # g906.arch's HF shape table (built through its GGUF table) against transformers' own modules
+    from g906.arch import lookup
+
+    cfg = config_from_hf(tiny_qwen35_hf_model.config.to_dict())
+    arch = lookup(cfg.architecture)
+    ours = dict(arch.hf_shapes(cfg))
+    theirs = {k: tuple(v.shape) for k, v in tiny_qwen35_hf_model.state_dict().items()
+              if not k.startswith(("model.visual.", "visual.")) and not k.endswith("rotary_emb.inv_freq")}
+    theirs = {k.replace("model.language_model.", "model."): v for k, v in theirs.items()}
+    if cfg.tie_word_embeddings:
+        theirs.pop("lm_head.weight", None)
+    assert ours == theirs
