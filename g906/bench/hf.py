@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from g906.engine.config import ModelConfig
+from g906.arch.config import ModelConfig
 
 
 def hf_text_config(config: ModelConfig):

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from g906.engine.config import ModelConfig
+from g906.arch.config import ModelConfig
 from g906.engine.tokenizer import QWEN35_PRETOKENIZE_REGEX, Tokenizer, byte_encoder
 from g906.errors import G906Error
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from g906.arch.hybrid import HybridShape
-from g906.engine.config import ModelConfig
+from g906.arch.config import ModelConfig
 
 
 def _itemsize(dtype: torch.dtype) -> int:

@@ -6,10 +6,9 @@
     if graphs.can_run(batch):
         logits, greedy = graphs.run_step(batch.seqs, batch.num_new_tokens, sampling)
 
-Why: an eager prefill step of a few hundred tokens is bound by the host, not the GPU. A 9B
-step of 512 tokens launches about 430 kernels; on the H200 hosts their Python and launch costs
-took 30 ms while the GPU worked 17.6 ms (docs/PERF.md, E18). A replayed graph launches them
-all at once.
+Why: an eager prefill step of a few hundred tokens is bound by the host, not the GPU: a 9B
+step of 512 tokens launches about 430 kernels, whose Python and launch costs outlast the GPU's
+work (docs/perf-log/ has the profile). A replayed graph launches them all at once.
 
 A step of n sequences and `total` new tokens runs in the graph of the smallest captured
 (tokens, rows) with rows > n and tokens >= total: token counts 16, 32, ..., max_tokens (powers

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from g906.engine.config import ModelConfig
+from g906.arch.config import ModelConfig
 from g906.engine.tokenizer import Tokenizer
 from g906.errors import G906Error
 

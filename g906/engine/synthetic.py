@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from g906 import data as _data
-from g906.engine.config import ModelConfig
+from g906.arch.config import ModelConfig
 from g906.engine.weights import QuantizedTensor
 from g906.errors import G906Error, UsageError
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from g906.engine.config import ModelConfig
+from g906.arch.config import ModelConfig
 from g906.engine.layers.reference import kv_head_index
 from g906.arch.tp import check_tp_size, tp_message, tp_problems, valid_tp_sizes
 from g906.engine.parallel.sharding import (

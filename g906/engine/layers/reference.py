@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 
 from g906.engine.weights import QuantizedTensor
-from g906.errors import G906Error
 from g906.kernels.gdn.reference import kv_head_index  # one definition of the head mapping
 
 # --------------------------------------------------------------------------------------------
@@ -25,12 +24,8 @@ from g906.kernels.gdn.reference import kv_head_index  # one definition of the he
 
 def dequantize_weight(w: QuantizedTensor, dtype: torch.dtype) -> torch.Tensor:
     """A QuantizedTensor as a dense [rows, cols] tensor of `dtype`."""
-    try:
-        from g906.engine.quant.dequant import dequantize
-    except ImportError as exc:  # until the GGUF engineer's module lands
-        raise G906Error(
-            f"cannot compute with {w.qtype} weights: g906.engine.quant.dequant is unavailable ({exc})"
-        ) from None
+    from g906.engine.quant.dequant import dequantize
+
     return dequantize(w.data, w.qtype, w.shape).to(dtype)
 
 

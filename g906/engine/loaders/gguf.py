@@ -41,7 +41,7 @@ import torch
 
 from g906.arch import quant as _quant
 from g906.arch import registry as _arch
-from g906.engine.config import ModelConfig
+from g906.arch.config import ModelConfig
 from g906.engine.weights import QuantizedTensor
 from g906.errors import G906Error
 

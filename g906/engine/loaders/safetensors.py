@@ -11,7 +11,7 @@ from typing import Iterator
 import torch
 
 from g906.arch import config_from_hf_dir
-from g906.engine.config import ModelConfig
+from g906.arch.config import ModelConfig
 from g906.errors import G906Error
 
 _VISION_PREFIXES = ("model.visual.", "visual.", "model.vision_tower.", "vision_tower.")

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from g906.engine.cache import ModelCache
-from g906.engine.config import ModelConfig
+from g906.arch.config import ModelConfig
 from g906.engine.context import ForwardContext
 from g906.engine.layers import ops
 from g906.engine.layers.attention import Attention

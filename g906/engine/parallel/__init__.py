@@ -1,6 +1,5 @@
 """Tensor parallelism for the embedded engine (torch.distributed: NCCL/RCCL on GPUs, gloo on CPU).
 
-    rules.py     which tensor-parallel sizes a model allows (no torch: the recipe resolver uses it)
     sharding.py  per-rank head/row index sets, the rank's local ModelConfig, weight sharding
     layers.py    row-parallel Linear (all-reduce), vocab-parallel embedding, the rank's model
     channel.py   the rank-0 -> workers control channel (header broadcast + one packed payload)
@@ -8,7 +7,8 @@
     worker.py    the worker process (`python -m g906.engine.parallel.worker`)
     engine.py    rank 0: spawn workers, TPModel (the model the runner drives), watchdog, shutdown
 
-See docs/parallel.md. Importing this package does not import torch."""
+Which tensor-parallel sizes a model allows is g906.arch.tp (torch-free: the recipe resolver uses
+it too). See docs/parallel.md. Importing this package does not import torch."""
 
 from __future__ import annotations
 

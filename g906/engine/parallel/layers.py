@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from g906.engine.config import ModelConfig
+from g906.arch.config import ModelConfig
 from g906.engine.layers import ops
 from g906.engine.layers.embedding import Embedding
 from g906.engine.layers.linear import Linear

@@ -28,7 +28,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from g906.engine.config import ModelConfig
+from g906.arch.config import ModelConfig
 from g906.arch.tp import check_tp_size
 from g906.engine.weights import QuantizedTensor
 from g906.errors import G906Error

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from g906.engine.config import read_json_object
+from g906.arch.config import read_json_object
 from g906.errors import G906Error
 
 # Qwen3-VL / Qwen3.5 processor defaults (preprocessor_config.json of the released checkpoints)

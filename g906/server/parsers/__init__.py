@@ -6,10 +6,12 @@ by the name the engine config gives (`engine.reasoning_parser` in a recipe), "no
 parser, or "auto" for the one registered as the default of the model's architecture.
 
 To add a parser, write its class (one module per parser, next to qwen3_reasoning.py) and add it
-to the kind's table below; an architecture whose models always use it gets a DEFAULTS entry."""
+to the kind's table below; the architecture's own default ("auto") is a fact of its g906.arch
+module (Architecture.reasoning_parser / tool_parser)."""
 
 from __future__ import annotations
 
+from g906.arch import lookup
 from g906.server.parsers.base import ReasoningParser, ToolParser
 from g906.server.parsers.qwen3_reasoning import Qwen3ReasoningParser
 
@@ -23,11 +25,15 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {}
 
 PARSERS: dict[str, dict[str, type]] = {REASONING: REASONING_PARSERS, TOOL: TOOL_PARSERS}
 
-# architecture name (g906/arch registry keys) -> {kind: parser name}, for "auto"
-DEFAULTS: dict[str, dict[str, str]] = {
-    "qwen35": {REASONING: "qwen3"},
-    "qwen35moe": {REASONING: "qwen3"},
-}
+
+
+def default_parser(kind: str, architecture: str | None) -> str | None:
+    """The parser of `kind` the architecture's models use (g906.arch), if it is registered here."""
+    arch = lookup(architecture)
+    if arch is None:
+        return None
+    name = arch.reasoning_parser if kind == REASONING else arch.tool_parser
+    return name if name in PARSERS[kind] else None
 
 
 def parser_name(kind: str, name: str | None, architecture: str | None = None) -> str | None:
@@ -36,7 +42,7 @@ def parser_name(kind: str, name: str | None, architecture: str | None = None) ->
     if not name or name == "none":
         return None
     if name == "auto":
-        return DEFAULTS.get(architecture or "", {}).get(kind)
+        return default_parser(kind, architecture)
     if name not in table:
         known = ", ".join(["none", "auto", *table])
         raise ValueError(f"unknown {kind} parser {name!r} (known: {known})")
@@ -49,5 +55,5 @@ def make_parser(kind: str, name: str | None, prompt_text: str | None, architectu
     return None if chosen is None else PARSERS[kind][chosen](prompt_text)
 
 
-__all__ = ["DEFAULTS", "PARSERS", "REASONING", "REASONING_PARSERS", "TOOL", "TOOL_PARSERS",
+__all__ = ["PARSERS", "default_parser", "REASONING", "REASONING_PARSERS", "TOOL", "TOOL_PARSERS",
            "ReasoningParser", "ToolParser", "make_parser", "parser_name"]
