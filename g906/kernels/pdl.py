@@ -58,7 +58,7 @@ def pdl_args(device: torch.device) -> dict:
     """Launch keywords for a kernel with a PDL constexpr on `device`: only inside
     `graph_launches()`, i.e. for the decode graphs, whose small kernels it is for. Launched
     eagerly it gains nothing (the host is the bottleneck there), and a per-launch check of the
-    stream's capture state cost the host-bound 512-token prefill half its speed on the H200."""
+    stream's capture state would slow the host-bound eager launches."""
     if (not _IN_GRAPHS or device.type != "cuda" or is_rocm()
             or os.environ.get("G906_PDL", "1") == "0"):
         return {}

@@ -1,7 +1,6 @@
 """Triton argmax over rows of logits, in two passes: P programs per row each reduce a slice to
-(max, first index), then one program per row reduces the P pairs. torch's argmax of one
-248k-wide row took ~15 µs on the H200 (a 9B decode step's profile); two small kernels inside
-the decode graph cost a few."""
+(max, first index), then one program per row reduces the P pairs: a vocabulary-wide row is
+spread over many programs instead of keeping one busy while the GPU idles."""
 
 from __future__ import annotations
 

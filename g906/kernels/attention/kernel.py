@@ -193,19 +193,16 @@ def _decode_reduce_kernel(po_ptr, pl_ptr, gate_ptr, out_ptr, num_splits, Hq, sg_
 
 
 # Partial outputs one reduce program holds: [splits, columns] fp32 tiles of at most this many
-# elements (32 registers per thread at 4 warps; a whole 256-wide head over 128 splits spilled).
+# elements (32 registers per thread at 4 warps; a whole wide head over many splits spills).
 REDUCE_TILE = 4096
 
 
 # Shortest context slice per decode program for a sequence that fills its block table: the
 # split count is capped at max_ctx / MIN_SPLIT. Each slice is a serial chain of K/V tile
-# loads, so short contexts want short slices. H200, B=1, kernel benchmark (seventh session):
-# ctx 1k 8.3 / 11.1 us with slices of 64 / 128 (9B and 27B), 0.8B ctx 8k 10.1 / 11.9 us; in the
-# engine (704-token tables) 32 / 64 / 128 gave 0.8B 1,147 / 1,133 / 1,119 tok/s (9B: noise).
-# Once max_ctx / 32 passes the programs-per-SM cap (9B, B = 1: above ~2k tokens) the cap
-# decides, so 32 only shortens the slices of short tables. Long contexts (>= 16k) keep the
-# swept 256. Shorter sequences than the table allows run on the same programs with shorter
-# slices (the kernel divides its own length).
+# loads, so short contexts want short slices. Once max_ctx / MIN_SPLIT passes the
+# programs-per-SM cap the cap decides, so MIN_SPLIT only shortens the slices of short tables;
+# long contexts (>= 16k) take MIN_SPLIT_LONG. Shorter sequences than the table allows run on
+# the same programs with shorter slices (the kernel divides its own length).
 MIN_SPLIT = 32
 MIN_SPLIT_LONG = 256
 
@@ -226,8 +223,8 @@ def _decode_config(q, k_cache, block_tables, num_kv, max_seq_len, block_n=None, 
     else:
         BLOCK_G = next_pow2(G)
         # the slots' accumulators [G, N, D] over 256 lanes: 32 registers a lane where two waves
-        # per SIMD can be had (decode_launch_options: G <= 4), else 64, one wave either way but
-        # a longer tile (gfx908, the 27B's G = 6 as 8: 43 -> 29.5 VALU per K/V element, 231 VGPRs)
+        # per SIMD can be had (decode_launch_options: G <= 4), else 64: one wave either way, and
+        # a longer tile spends fewer instructions per K/V element
         acc_elems = 8192 if BLOCK_G <= 4 else 16384
         BLOCK_N = max(4, min(64, acc_elems // (BLOCK_G * next_pow2(D))))
     if block_n is not None:
@@ -237,12 +234,9 @@ def _decode_config(q, k_cache, block_tables, num_kv, max_seq_len, block_n=None, 
         max_ctx = min(max_ctx, int(max_seq_len))
     max_ctx = max(max_ctx, 1)
     if per_sm is None:
-        # H200 sweep (docs/PERF.md, sixth session; 0.8B/9B/27B, B = 1/8/32, ctx 8k/32k): with
-        # the block ids prefetched, 2 programs per SM (longer slices) is the best or within 3%
-        # everywhere; the 4 / 8 chosen before the prefetch lost up to 27% (9B B=1 ctx 32k).
-        # The broadcast path (ROCm, gfx906) walks 8-position tiles: at 2 per SM a 9B slice at
-        # 32k would chain ~140 of them (60 CUs), so it keeps the earlier, shorter slices until
-        # it is measured on a gfx906.
+        # with the block ids prefetched, 2 programs per SM (longer slices) suit the tl.dot
+        # path; the broadcast path (ROCm) walks 8-position tiles, where 2 per SM would chain
+        # ~140 of them a slice at 32k on 60 CUs, so it keeps shorter slices
         if use_dot:
             per_sm = 2
         else:
@@ -259,10 +253,10 @@ def _decode_config(q, k_cache, block_tables, num_kv, max_seq_len, block_n=None, 
 def decode_launch_options(use_dot, rocm, BLOCK_G, BLOCK_N, BLOCK_D, num_warps) -> dict:
     """Compiler options of a decode launch beyond num_warps. ROCm's broadcast path asks LLVM for
     two waves per SIMD (<= 128 VGPRs) for heads of at most 4 queries a KV head whose slots'
-    accumulators take at most 32 registers a lane: gfx908 code for the 9B's heads (G = 4,
-    D = 256, 8 positions) is 132 VGPRs without it, one wave per SIMD, and 127 with it at the
-    same loop, five values that live across the loop (the epilogue's) parked outside it (AGPRs
-    on gfx908, scratch on gfx906: once a program, none in the loop). The 27B's (G = 6, padded
+    accumulators take at most 32 registers a lane: the gfx908 code for the 9B's heads (G = 4,
+    D = 256, 8 positions) takes one wave per SIMD without it, and two with it at the same loop,
+    a few values that live across the loop (the epilogue's) parked outside it (AGPRs on
+    gfx908, scratch on gfx906: once a program, none in the loop). The 27B's (G = 6, padded
     to 8) would spill inside the loop: they take one wave with longer tiles (_decode_config;
     tests/kernels/test_gfx9_code.py)."""
     if (use_dot or not rocm or BLOCK_G > 4

@@ -1,7 +1,6 @@
 """Token embedding over a GGUF-quantized table: the rows of the step's tokens dequantized
 straight from their GGUF blocks, one kernel (the reference gathers the rows' blocks and
-dequantizes them with a few dozen torch ops: ~50 µs of small kernels per decode step on the
-H200, docs/PERF.md)."""
+dequantizes them with a few dozen small torch ops every decode step)."""
 
 from __future__ import annotations
 

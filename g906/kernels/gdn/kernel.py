@@ -469,8 +469,8 @@ def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, cu_seqlens, ssm_stat
             q, k, a, b, A_log, dt_bias, cu_seqlens, cseq, cfirst, tinv, p, f, B, T, Hk, Hv, DK,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), a.stride(0), b.stride(0),
             DK ** -0.5, GROUPED=grouped, C=C, BLOCK_K=BLOCK_K, num_warps=4, num_stages=1)
-    if num_stages is None:  # the next chunk's loads in flight during this one's math: the
-        # scan 1.28 -> 0.91 ms for one 2k sequence on the H200 (9B layer); unmeasured on ROCm
+    if num_stages is None:  # the next chunk's loads in flight during this one's math (CUDA;
+        # ROCm keeps one stage)
         num_stages = 1 if is_rocm() else 2
     _gdn_scan_kernel[(B, Hv, triton.cdiv(DV, BLOCK_V))](
         q, k, v, tinv, p, f, cu_seqlens, ssm_states, state_slots, init, o, T, Hk, Hv, DK, DV,

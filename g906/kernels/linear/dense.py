@@ -19,7 +19,7 @@ from .residual_norm import (_add_norm_args, _rms_in_registers, _rms_of_args, add
                             add_norm_store, rms_partials, rms_scale)
 
 
-# weight bytes to keep in flight over the whole device per K step (H200-measured: ~3-6 MB)
+# weight bytes to keep in flight over the whole device per K step (enough to hide the latency)
 INFLIGHT_BYTES = 3 << 20
 # dense decode GEMVs up to this many weights (0.8B's projections: <= 8.4M; 9B's: >= 16.8M)
 # take the short-row config (_gemv_config_cached)
@@ -143,14 +143,13 @@ def _gemv_config(T, N, K, device, dtype):
 def _gemv_config_cached(T, N, K, device, dtype):
     bt = next_pow2(T)
     use_dot = (device.type == "cuda" and not is_rocm() and bt > 4 and dtype == torch.float16)
-    if use_dot:  # H200: 91% of copy bandwidth at 12288x4096, T=8 (docs/PERF.md)
+    if use_dot:  # tensor cores from 8 tokens
         return dict(BLOCK_T=max(16, bt), BLOCK_N=32, BLOCK_K=128, USE_DOT=True, num_warps=4)
     if bt == 1 and N * K <= SMALL_GEMV_ELEMENTS:
-        # 0.8B-sized weights: 4 rows x 1024 columns (2048 for N < 4096) per program step. H200,
-        # seventh session: best of 24 configs or within 3% on every 0.8B projection alone, and
-        # the 0.8B decode row 1,150 -> 1,198 tok/s. The 9B projections were 6-28% faster alone
-        # with it too, but the 9B decode row went 224 -> 218: there every GEMV carries the split
-        # RMSNorm, whose partial sums grow with the programs on both sides (residual_norm.py)
+        # small weights (the 0.8B's): 4 rows x 1024 columns (2048 for N < 4096) a program step.
+        # Not for larger ones, though they too run faster so alone: in decode every GEMV carries
+        # the split RMSNorm, whose partial sums grow with the programs on both sides
+        # (residual_norm.py)
         block_k = min(next_pow2(K), 1024 if N >= 4096 else 2048)
         block_n = 4
     elif bt == 1:

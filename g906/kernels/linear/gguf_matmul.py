@@ -2,8 +2,8 @@
 
 Each step of the K loop decodes 256 weight elements per row (gguf_decode.py); the GEMV
 multiplies the tiles with activations gathered in their order, the GEMM flattens them to
-[BLOCK_N, 128] and uses tl.dot. GPUs normally run repacked weights instead (packed.py); these
-serve weights that are not repacked.
+[BLOCK_N, 128] and uses tl.dot. On a GPU weights are normally repacked at load (repack.py,
+packed.py); these kernels serve those left as GGUF blocks.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def _qgemv_kernel(x_ptr, w_ptr, out_ptr, N, K, T, sx_t, sw_n, so_t, n_steps,
 @triton.jit
 def _qgemv_row_kernel(x_ptr, w_ptr, out_ptr, N, sw_n, n_steps, QT: tl.constexpr,
                       STEP_B: tl.constexpr, BLOCK_N: tl.constexpr):
-    """T == 1: reduce each step's products to [BLOCK_N] at once (measured faster on H200 than
-    the 4-D accumulator for the K-quants and Q8_0 at one row)."""
+    """T == 1: reduce each step's products to [BLOCK_N] at once (faster than the 4-D
+    accumulator for the K-quants and Q8_0 at one row)."""
     pid = tl.program_id(0)
     nn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = nn < N
@@ -115,7 +115,7 @@ def quant_matmul(x, qweight, **cfg):
         return out
     n_steps = K // 256
     if T == 1 and qweight.qtype != "Q4_0" and not cfg.get("UNROLL"):
-        # H200 sweep (docs/PERF.md): 16 rows, 8 warps best for Q8_0 / Q4_K / Q5_K, close for Q6_K
+        # 16 rows, 8 warps: the fastest for Q8_0 / Q4_K / Q5_K, close to it for Q6_K
         block_n = cfg.pop("BLOCK_N", 16)
         warps = cfg.pop("num_warps", 8)
         _qgemv_row_kernel[(triton.cdiv(N, block_n),)](

@@ -26,10 +26,10 @@ from .residual_norm import _around, _rms_in_registers, _rms_of_args
 
 
 # A fused op is recomputed by every program for its whole K range: programs x K x T elements,
-# each an exp and a reciprocal (the SFU: 16 per clock per SM on the H200). Measured there
-# (engine profile, decode): 0.8B's down and output projections (0.9-1.8M elements) run faster
-# fused than as two kernels; 9B's (2.1-12.6M) lose 4-7 us per call, more than the separate
-# kernel's 2-3 us. Above this many the two ops run separately.
+# each an exp and a reciprocal on the special-function units, which few lanes share. Small
+# products (the 0.8B's down and output projections) run faster fused than as two kernels;
+# larger ones (the 9B's) lose more than the separate kernel costs. Above this many elements
+# the two ops run separately.
 FUSED_RECOMPUTE_MAX = 2_000_000
 
 
@@ -102,10 +102,9 @@ def linear_glu(x, weight, *, rms_of=None):
     return registry.dispatch("silu_and_mul", linear(x, weight, rms_of=rms_of))
 
 
-# Packed types whose GEMVs take the split RMSNorm on CUDA: measured on the H200 with the
-# norm's loads after the loop (9B Q4_K_M decode 436 -> 445 tok/s, docs/PERF.md E21). Q8_0
-# measured 2% slower with it (E13, 1-warp GEMVs; not re-measured since) and ROCm is
-# unmeasured (no gfx906 here): they keep the norm kernels.
+# Packed types whose GEMVs take the split RMSNorm on CUDA (faster than the norm kernels).
+# Q8_0's 1-warp GEMVs are slower with it, and ROCm's have not been timed on a gfx906: they
+# keep the norm kernels.
 SPLIT_NORM_QTYPES = ("Q4_K", "Q5_K", "Q6_K")
 
 

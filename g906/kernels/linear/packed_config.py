@@ -81,14 +81,13 @@ def _pq_gemv_config_cached(T, N, K, qtype, device):
     prefetch, pairs, wsplit, block_t = False, 1, wide, bt
     if rocm and bt == 1:
         block_n, pairs, wsplit = _pq_rocm_decode(qtype)
-        # Q4_K's 8 rows take 134 VGPRs at 2 warps against 126 at 1 or 4 (gfx908 code): one
+        # Q4_K's 8 rows need more than 128 VGPRs at 2 warps, not at 1 or 4 (gfx908 code): one
         # wave per SIMD instead of two
         warps = 1 if qtype == "Q4_K" and fit == 2 else fit
     elif rocm:
         # at most 4 tokens a program, more token blocks beyond: from 8 tokens on the gfx908 code
-        # uses AGPRs (spills on a gfx906, which has none) and at 16 scratch; 2 tokens x 4 rows
-        # or 4 x 2 take 88-133 VGPRs and ~3 VALU instructions per weight and token
-        # (docs/PERF.md "gfx9 code")
+        # needs AGPRs or scratch (spills on a gfx906, which has no AGPRs); 2 tokens x 4 rows or
+        # 4 x 2 fit its VGPRs
         block_n = 4 if bt == 2 else 2
         warps, wsplit, block_t = fit, True, min(bt, 4)
     elif bt == 1:
@@ -110,29 +109,21 @@ def _pq_gemv_config_cached(T, N, K, qtype, device):
 
 
 def pq_preloads(qtype, block_n) -> bool:
-    """Whether a packed GEMV loads its first iteration before the PDL wait (PRELOAD, decode
-    graphs on sm_90): H200, kernel run 11, Q4_K gate/up 62.2 -> 69.0% of the copy rate,
-    4096 x 4096 34 -> 47%, Q6_K and Q8_0 8192 x 4096 48 -> 60% and 66 -> 77%. Q5_K at 4 rows
-    lost 1-4 points (fp32 fields, 123 -> 128 registers); at 8 rows (packed fp16, 167
-    registers either way) its 8192-row qkv gained: the 9B Q4_K_M decode 452.3 -> 463.8 tok/s
-    (E25). Loading a second iteration too lost everywhere (E25)."""
+    """Whether a packed GEMV loads its first iteration before the PDL wait (PRELOAD, the decode
+    graphs on CUDA): it pays for every type but Q5_K's 4-row fp32 fields, whose extra
+    registers cost more than it saves. Loading a second iteration early too does not pay."""
     return qtype != "Q5_K" or block_n >= 8
 
 
 def _pq_rocm_decode(qtype):
-    """(rows, PAIRS, WSPLIT) of a T = 1 GEMV on ROCm. Not measured on a gfx906: chosen from the
-    compiled gfx908 code (benchmarks/sass.py --target gfx908, docs/PERF.md "gfx9 code"), the
-    nearest target upstream Triton 3.5 compiles, with gfx906's wave64 VALU and 256 VGPRs.
-    A gfx906 issues 64 lanes x 60 CUs per clock, about 6.6e12 lane-instructions/s against 1 TB/s,
-    so a 4.5-bit Q4_K weight may cost at most ~3.7 VALU instructions before issue, not memory,
-    bounds the GEMV (Q5_K ~4.5, Q6_K ~5.4, Q8_0 ~7). Per weight, with ONE_IMM:
-    - Q4_K: 8 rows, scales folded, words split: 3.61 (4 rows unsplit: 4.35), 126 VGPRs;
-    - Q4_0: 8 rows, words split: 3.66 (4 rows: 3.98), 124 VGPRs;
-    - Q5_K: 4 rows, split, CVT: 4.28 (2 rows without CVT: 6.09), 94 VGPRs;
-    - Q6_K: 4 rows, CVT: 4.47 (2 rows without: 6.34), 104 VGPRs;
-    - Q8_0: 4 rows, split, CVT: 3.59 (unsplit without: 5.14), 55 VGPRs instead of 97.
-    All stay at or under 128 VGPRs: two waves per SIMD, each keeping rows x 16 bytes per lane in
-    flight."""
+    """(rows, PAIRS, WSPLIT) of a T = 1 GEMV on ROCm, chosen from the compiled gfx908 code
+    (benchmarks/sass.py --target gfx908: the nearest target upstream Triton 3.5 compiles, with
+    gfx906's wave64 VALU and 256 VGPRs; not timed on a gfx906). A gfx906 issues few
+    lane-instructions per byte of its bandwidth, so a decode GEMV there is bound by the VALU
+    instructions a weight costs: each type takes the rows, word split (WSPLIT), folded scales
+    (Q4_K's PAIRS = 2) and byte conversions (CVT) with the fewest that stay within 128 VGPRs,
+    two waves per SIMD, each keeping rows x 16 bytes per lane in flight
+    (tests/kernels/test_gfx9_code.py checks the bound)."""
     if qtype == "Q4_K":
         return 8, 2, True
     if qtype == "Q4_0":
@@ -141,34 +132,22 @@ def _pq_rocm_decode(qtype):
 
 
 def _pq_cuda_decode(qtype, N, K, sms):
-    """(rows, warps, PREFETCH, PAIRS, WSPLIT) of a T = 1 GEMV on CUDA, from H200 sweeps on the
-    9B's shapes (docs/PERF.md, kernel runs 9 and 10; within 2% of the best on each; run 11 for
-    the Q4_K rows swept under PDL, as the decode graphs launch them):
-    - Q4_K / Q4_0: 8 rows; 2 warps from N = 8192 (gate/up 24576: 21.8 us against 24.5 at 1
-      warp), 4 below 8192 and at N = 12288 (under PDL 11.7 us against 15.4 with the 1 warp and
-      PREFETCH swept without it); Q4_K folds its scales and splits its words (PAIRS = 2), but
-      not in the down projections (N < 8192, K >= 12288: under PDL 11.1 us against 12.7),
-      whose 3 iterations a program take PREFETCH (E29: 4096 x 12288 10.1 -> 9.2 us, 66 -> 73%
-      of the copy rate; the 9B Q4_K_M decode 505.2 -> 508.5 tok/s);
-    - Q5_K: from N = 8192 8 rows, 2 warps, split words (fp16 activations: in packed fp16,
-      PAIRS = 3; the 9B Q4_K_M decode with its 8192-row qkv 452.6 -> 461.3 tok/s against the
-      4 rows and 1 warp of fp32 fields, 460.3 at 8 rows and 1 warp, 452.8 at 4 warps; E24);
-      below, 4 rows, 1 warp, fp32 fields (8192: 11.2 us against 12.2 at 8 rows unsplit):
-      the output projections that take the split norm's epilogue are there, under its
-      128-register cap (8 rows need 168 in packed fp16, 255 with fp32 fields);
-    - Q6_K: 4 rows, split words from N = 2048 (4096 x 12288 18.3 us against 18.9, 12288 x 4096
-      17.8 against 19.0); 2 warps with PREFETCH, 4 warps at N <= 1024 (4.3 us, where the
-      unsplit kernel took 4.0; it is gone). The LM head (N >= 16384), the down projections
-      (K >= 12288) and N = 12288-16383 take 8 rows (2, 4 and 1 warps, the last with
-      PREFETCH) for their fields in packed fp16 (_pq_pairs; E25: the 9B Q4_K_M decode 462.8
-      -> 477.1 tok/s against 4 rows of fp32 fields at 1 and 4 warps, 8 x 2 for the downs
-      442.3; alone under PDL 4096 x 12288 72.0% of the copy rate, 12288 x 4096 69.6% against
-      63.1%; not at 8192 x 4096, 51.6% against 60.5%, nor 4096 x 4096); with fp32 fields (fp32
-      activations, the SwiGLU epilogue) they run 4 rows (_pq_rows; the downs' fp32 fields at 8
-      rows x 2 warps, 168 registers: 427 tok/s against 463);
-    - Q8_0: 4 rows, unsplit; from N = 16384 2 warps with PREFETCH (24576: 28.5 us against
-      30.3), else warps so that the grid holds about 24 warps per SM (N = 12288: 1, N = 4096:
-      4, with PREFETCH).
+    """(rows, warps, PREFETCH, PAIRS, WSPLIT) of a T = 1 GEMV on CUDA: the fastest configs of
+    sweeps over the 9B's shapes, under PDL as the decode graphs launch them (docs/PERF.md).
+    - Q4_K / Q4_0: 8 rows; 2 warps from N = 8192, 4 below and at N = 12288-16383. Q4_K folds
+      its scales and splits its words (PAIRS = 2), but not in the down projections (N < 8192,
+      K >= 12288), and asks for PREFETCH, which its down projections' programs, long enough
+      (PREFETCH_FROM), take.
+    - Q5_K: from N = 8192 8 rows, 2 warps, split words (in packed fp16 with fp16 activations);
+      below, 4 rows, 1 warp, fp32 fields: the output projections there take the split norm's
+      epilogue, under a 128-register cap (_launch_regs) that 8 rows would exceed.
+    - Q6_K: 4 rows, split words, 2 warps with PREFETCH (4 warps at N <= 1024). The LM head
+      (N >= 16384), the down projections (K >= 12288) and N = 12288-16383 take 8 rows (2, 4
+      and 1 warps, the last with PREFETCH) for their fields in packed fp16; where the fields
+      stay fp32 (fp32 activations, the SwiGLU epilogue) those run 4 rows (_pq_rows), as 8 rows
+      of fp32 fields take too many registers.
+    - Q8_0: 4 rows, unsplit; from N = 16384 2 warps with PREFETCH, else warps so that the grid
+      holds about 24 warps per SM (PREFETCH at 4 warps).
     PREFETCH applies where a program makes PREFETCH_FROM iterations (_pq_loop_flags). With fp16
     activations packed_matmul runs Q4_K's, Q5_K's and Q6_K's fields in packed fp16 instead
     (PAIRS = 3, _pq_pairs)."""
@@ -194,24 +173,19 @@ def _pq_cuda_decode(qtype, N, K, sms):
         return 4, 2, True, 1, False
     want = 24 * sms / triton.cdiv(N, 4)
     warps = 1 << max(0, min(2, round(math.log2(max(want, 1.0)))))
-    return 4, warps, warps == 4, 1, False    # PREFETCH: N = 4096 x 12288, 16.1 against 16.9
+    return 4, warps, warps == 4, 1, False
 
 
 def _pq_pairs(x, qtype, c, forced: bool, glu: bool = False) -> int:
-    """The PAIRS a packed GEMV runs with: its config's, or 3 (fields in packed fp16) for Q4_K,
-    Q5_K and Q6_K decode with fp16 activations off ROCm, one token a program and rows in pairs.
-    H200 (docs/PERF.md E23; graph-replayed, weights from HBM): 24576x4096 with the SwiGLU 21.9
-    -> 19.1 us, 12288x4096 13.8 -> 11.3, 4096x12288 13.1 -> 11.7, 4096x4096 6.5 -> 6.1; the 9B
-    Q4_K_M decode 449 -> 453 tok/s, and 452.6 -> 461.3 with its Q5_K qkv too (E24). Q4_K not
-    in linear_pair's launch (449 -> 445 there; its Q5_K segment yes), nor on ROCm (gfx908
-    code: 3.44 VALU a weight against 3.61 but 138 VGPRs against 126; unmeasured on a gfx906).
-    At 2 or 4 rows the row regrouping compiles to byte permutes (sm_90: Q4_K 4 rows 4.3
-    instructions a weight, Q5_K 5.6), so the default asks for 8 or more. Q6_K (E25): its LM
-    head and down projections at 8 rows, 4.46 instructions a weight against 5.85 (4 rows of
-    fp32 fields), the 9B Q4_K_M decode 462.8 -> 477.1 tok/s; not under the SwiGLU epilogue
-    (glu), where its symmetric quants' fp16 rounding shows through silu(g) * u (relative error
-    up to 6e-3 against 3-9e-4 plain). A PAIRS of 3 asked for where it does not apply (fp32 x,
-    odd BLOCK_N, Q6_K's glu) runs the fp32 fields (Q4_K 2, the others 1)."""
+    """The PAIRS a packed GEMV runs with: its config's, or 3 (fields in packed fp16, fewer
+    instructions a weight than fp32 fields) for Q4_K, Q5_K and Q6_K decode with fp16
+    activations off ROCm, one token a program and rows in pairs. At 2 or 4 rows the row
+    regrouping compiles to byte permutes, so the default asks for 8 or more. Not on ROCm, where
+    the gfx908 code needs more VGPRs for it (one wave per SIMD less), nor for Q6_K under the
+    SwiGLU epilogue (glu), where its symmetric quants' fp16 rounding shows through
+    silu(g) * u; linear_pair's launch keeps it for Q5_K only (_pq_pair_configs). A PAIRS of 3
+    asked for where it does not apply (fp32 x, odd BLOCK_N, Q6_K's glu) runs the fp32 fields
+    (Q4_K 2, the others 1)."""
     fits = (qtype in ("Q4_K", "Q5_K", "Q6_K") and x.dtype == torch.float16
             and c["BLOCK_N"] % 2 == 0 and not (glu and qtype == "Q6_K"))
     if c["PAIRS"] == 3 and not fits:
@@ -232,16 +206,11 @@ def _pq_rows(qtype, c, forced: bool) -> int:
 def _launch_regs(device, add_norm, glu, QT, pairs, preload=0) -> dict:
     """Launch options of a packed GEMV on CUDA: a register cap where ptxas's own choice costs
     resident programs, and only where the cap does not spill.
-    - Q4_K's SwiGLU epilogue in packed fp16 (the gate/up GEMV): 96. With the compile-time row
-      offsets ptxas takes 128 (sm_90, 8 rows x 2 warps: eight programs per SM instead of ten);
-      at 96 no spills, 817 loop instructions against 786, and the 9B Q4_K_M decode 491.6 /
-      492.8 -> 502.2 / 501.8 tok/s (H200, docs/PERF.md E27).
-    - ADD_NORM: 128. ptxas gives the epilogue's kernel 168 (sm_90, Q4_K 8 rows folded scales:
-      96 without it; Q6_K 4 rows: 128), three 4-warp programs per SM where four or five fit
-      (the 4096-row projections then take two waves); at 128 neither spills. Not where 128
-      would spill: Q4_K / Q4_0's unfolded scales (PAIRS < 2), already at 168 without the
-      epilogue (at 128: 8-84 bytes), and Q6_K's packed fp16 without PRELOAD (152-212 bytes,
-      some in the loop; with PRELOAD, as the decode graphs launch it on sm_90, 128 and none)."""
+    - Q4_K's SwiGLU epilogue in packed fp16 (the gate/up GEMV): 96, where ptxas takes 128 with
+      the compile-time row offsets and fewer programs then reside per SM.
+    - ADD_NORM: 128, where ptxas takes more for the epilogue and leaves fewer 4-warp programs
+      per SM than fit. Not where 128 would spill: Q4_K / Q4_0's unfolded scales (PAIRS < 2),
+      and Q6_K's packed fp16 without PRELOAD."""
     if device.type != "cuda" or is_rocm():
         return {}
     if glu and QT == 2 and pairs == 3:
@@ -257,9 +226,9 @@ def _whole_row_blocks(N, block_n, glu=False) -> bool:
     return (N // 2) % (block_n // 2) == 0 if glu else N % block_n == 0
 
 
-# The fewest whole iterations a program needs for PREFETCH (H200: with 2, Q8_0 4096x4096 lost
-# 3% and Q4_K's gate/up 79 -> 73%; with 3, Q4_K 4096x12288 gained 66 -> 73%, docs/PERF.md
-# E29; 3 is unmeasured for the other types, which keep 4).
+# The fewest whole iterations a program needs for PREFETCH: with fewer, the next iteration's
+# early loads overlap too little to pay for the registers they hold. Q4_K pays from 3; the
+# other types keep 4 (3 not timed for them).
 PREFETCH_FROM = {"Q4_K": 3}
 
 
@@ -277,7 +246,7 @@ def _pq_pair_configs(x, pws):
     """The configs of the two GEMVs of linear_pair (one num_warps: the larger weight's),
     or None where one launch does not apply: not two packed weights of one K, not the T <= 16
     GEMV path (CUDA fp16 takes tensor cores from 2 tokens), a split K, or ROCm (its GEMVs' waves
-    per program differ by type; unmeasured on a gfx906, so they run one launch each)."""
+    per program differ by type, so each keeps its own launch)."""
     T = x.shape[0]
     if (len(pws) != 2 or any(getattr(w, "planes", None) is None for w in pws)
             or pws[0].shape[1] != pws[1].shape[1] or not 0 < T <= 16 or is_rocm()

@@ -210,9 +210,8 @@ def _pq_gemm(x, pw, out, **cfg):
     cuda = x.device.type == "cuda"
     small = T <= 16
     if small:
-        # sm_90 register use with BLOCK_N=64: Q8_0 H=16 4 warps 145 regs (128 B of weights per
-        # thread and iteration), Q4 H=16 8 warps 102, Q5_K/Q6_K H=8 4 warps 133: enough bytes
-        # in flight per SM with 2-3 programs resident
+        # BLOCK_N = 64 with these threads and warps keeps enough weight bytes in flight per
+        # SM with the 2-3 programs that its registers let reside
         d_h, d_w = {"Q8_0": (16, 4), "Q5_K": (8, 4), "Q6_K": (8, 4)}.get(qt, (16, 8))
         d_m, d_n = 16, 64
     else:

@@ -60,7 +60,7 @@ def _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w
         # fields in packed fp16 (Q4_K / Q5_K / Q6_K, below): two rows' words regrouped so one
         # int32 holds the same fields of both (_row_pair_words; Q5_K / Q6_K: their even
         # fields' byte words, and the odd ones' from hi; Q4_K off ROCm is stored so,
-        # ROWPAIRED: sm_90 loop at 8 rows 767 -> 703 instructions, docs/PERF.md E28).
+        # ROWPAIRED, which saves the regrouping in the loop).
         # 0x64006400 (fp16 1024 in both halves) from the run-time `one` (0x3F800000): a
         # register, so each field's mask and it fit one LOP3 (two immediates would not)
         magic = one ^ 0x5B806400
@@ -87,19 +87,17 @@ def _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w
                 x4 = tl.sum(xa.to(tl.float32), 3)
         # + 0 * x4 (4 activations' sum): a term in the activations' layout, which Triton then
         # gives the fp16 sums too; without one (Q6_K needs no sum(x)) it spreads them across
-        # lanes and converts every product through shared memory (sm_90 4 rows: 7.1
-        # instructions a weight against 5.7)
+        # lanes and converts every product through shared memory
         acc += (A[:, None] * _row_pair_sums(p0, H, BLOCK_T, BLOCK_N)
                 + A1[:, None] * _row_pair_sums(p1, H, BLOCK_T, BLOCK_N)) + x4 * 0.0
     elif (QT == 2 or QT == 3) and PAIRS == 3:
         # Q4_K / Q5_K on fp16 activations in packed fp16: each field of the regrouped words
         # an fp16 pair (row 2i, row 2i + 1) meeting one activation (the pair LLVM's
         # vectorizer forms: one register, no byte permutes): per 2 weights a LOP3, a centring
-        # FMA and the product's HFMA2 (_pq_fp16_field; sm_90 loop at 8 rows: Q4_K 3.2
-        # instructions a weight against 3.8 with fp32 fields, Q5_K 4.4 against 5.1). Centred
-        # (|f| <= 0.5, 8 products a lane) the fp16 sums stay near fp16 rounding (relative
-        # error 2.5-7e-4 in the tests; Q4_K's uncentred 1 + q / 16 summed to 1.4-2.7e-3);
-        # each row's sum goes to fp32 once a vector
+        # FMA and the product's HFMA2 (_pq_fp16_field): fewer instructions a weight than fp32
+        # fields. Centred (|f| <= 0.5, 8 products a lane) the fp16 sums stay near fp16
+        # rounding, where the uncentred 1 + q / 16 would lose several times more; each row's
+        # sum goes to fp32 once a vector
         ph = tl.zeros([H, BLOCK_T, BLOCK_N // 2, 4, 2], tl.float16)
         X = tl.zeros([H, BLOCK_T, 1], tl.float32)
         for j in tl.static_range(4):
@@ -320,8 +318,8 @@ def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr,
     BLOCK_N even; _pq_pairs); 0: one at a time.
     WSPLIT (always for Q6_K and Q4_K's PAIRS = 2): the 4 words of each vector and their
     activations are split into separate tensors, so each row keeps one accumulator per vector
-    instead of one per word: no reduction over the words, and fewer registers (sm_90: Q4_K 8
-    rows 128 -> 96, Q6_K 4 rows 128 -> 72), which pays for Q5_K/Q6_K; Q8_0 is as fast without.
+    instead of one per word: no reduction over the words, and fewer registers, which pays for
+    Q5_K/Q6_K; Q8_0 is as fast without.
     SILU: x rows hold [gate | up] (K apart), the GEMV runs on silu(gate) * up (_pq_x).
     ONE_IMM: 1.0f's bits as an immediate instead of the run-time `one` (gfx9: _pq_field).
     CVT: Q8_0 / Q5_K / Q6_K fields converted from their bytes (v_cvt_f32_ubyteN on gfx9, full
@@ -332,9 +330,8 @@ def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr,
     each iteration's successor, the last its own again; _pq_loop_flags).
     The planes' row strides (sq, sh, sa, sb) are compile-time constants and, where the rows
     fill every program (EVEN_N), each row's offset from the program's first row is too: every
-    load of a plane then takes one base address and an immediate per row (sm_90: Q4_K's loop
-    813 -> 771 instructions, no per-row address arithmetic; the 9B Q4_K_M decode 475.5 ->
-    492 tok/s, docs/PERF.md E27). Partial row blocks clamp their rows (read row 0) instead."""
+    load of a plane then takes one base address and an immediate per row, with no per-row
+    address arithmetic in the loop. Partial row blocks clamp their rows (read row 0) instead."""
     KX = KW * E
     EV: tl.constexpr = 4 * E
     if ONE_IMM:
@@ -418,9 +415,8 @@ def _pq_gemv_program(pid_n, pid_k, x_ptr, qs_ptr, qh_ptr, a_ptr, b_ptr, out_ptr,
         acc = _pq_vector_dot(acc, words, hi, ra, rb, ra1, x_ptr, xrow, k0, xoff, xm, KX, w3, one,
                              QT, E, H, BLOCK_T, BLOCK_N, PAIRS, SILU, WSPLIT, CVT, ROWPAIRED)
     res = tl.sum(acc, axis=0)                                               # [BT, BN]
-    # the norm's operands after the loop, unlike the dense GEMV: held through it they took
-    # registers (sm_90: Q4_K GLU 96 -> 128, Q5_K 123 -> 152), and the H200 measured the 9B
-    # Q4_K_M decode at 441 tok/s with them before the loop, 445 after
+    # the norm's operands after the loop, unlike the dense GEMV: held through it they would
+    # take registers the loop needs
     if RMS_IN:
         parts = rms_partials(ss_in_ptr, P_in, tt, T, BLOCK_T, BLOCK_P)
         res = res * rms_scale(parts, KX, eps_in)[:, None]

@@ -23,7 +23,7 @@ Row pairs (Q4_K with an even number of rows, off ROCm: `row_pairs`): rows 2i and
 qs hold the two rows' words regrouped, row 2i each word's low halves (fields 0-3 of row 2i, then
 of row 2i + 1), row 2i + 1 their high halves (fields 4-7): the pairs the fp16 GEMV multiplies
 (two rows' field against one activation in one packed FMA), which it would otherwise build
-from every pair of words it loads (sm_90: 64 of a 771-instruction loop at 8 rows). The swap is
+from every pair of words it loads (byte permutes in its loop). The swap is
 its own inverse; other paths and the torch decode swap back (`unpair_rows`). ROCm keeps rows
 as they are (its fp32-field GEMVs would pay the swap).
 

@@ -7,8 +7,8 @@ Between a layer's output projection (y) and the next input projection sits
   partial sums [T, programs]);
 - the consumer streams hn as its activations and scales each token's sums by 1 / rms(h) at the
   end, from those partial sums (`rms_partials`, `rms_scale`: a few hundred floats per token,
-  loaded before its loop; reading h beside the activations instead cost ~20% more
-  instructions in the loop: benchmarks/sass.py --rms-in).
+  loaded before its loop; reading h beside the activations instead would add instructions
+  to the loop).
 The product is the same as the separate kernel's up to rounding: hn * (1 / rms) is not rounded
 to the activation dtype before the multiply. Used by the dense (fp16/fp32) decode GEMV, and on
 CUDA by the packed K-quant GEMVs (kernel.linear_fuses_norm), which load these operands after
@@ -30,7 +30,7 @@ from .._triton_util import empty, next_pow2
 @triton.jit
 def add_norm_load(tt, nn, T, N, r_ptr, sr, nw_ptr, ZC: tl.constexpr):
     """(residual [BT, BN], weight [BN]) fp32 for add_norm_store, loaded before the GEMV's loop
-    so that their latency hides behind it (after it, it was one more memory round trip)."""
+    so that their latency hides behind it (after it, it would be one more memory round trip)."""
     nm = nn < N
     m = (tt < T)[:, None] & nm[None, :]
     r = tl.load(r_ptr + tt.to(tl.int64)[:, None] * sr + nn[None, :], mask=m, other=0.0)

@@ -17,8 +17,8 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, out_ptr, res_out_ptr, H, stride_x, str
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < H
-    # the weight first: loaded after the reduction (program order before), it was a second
-    # memory round trip in the compiled code (sm_90)
+    # the weight first: loaded after the reduction it would be a second memory round trip in
+    # the compiled code
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RES:
@@ -101,8 +101,8 @@ def gated_rms_norm(x, z, weight, eps):
     if N == 0:
         return out.view(shape)
     BLOCK_D = next_pow2(D)
-    # up to 2048 elements a program; a decode step's few rows (the 9B's 32 heads) one a program:
-    # H200, 9B Q4_K decode graphs, 2 programs of 16 rows took 3.5 us a call (docs/PERF.md)
+    # up to 2048 elements a program; a decode step's few rows (one per head) one a program, as
+    # a few programs of many rows each leave the GPU idle
     BLOCK_N = max(1, min(16, 2048 // BLOCK_D, next_pow2(N) // 32))
     _gated_rms_norm_kernel[(triton.cdiv(N, BLOCK_N),)](
         x2, z2, weight, out, N, D, x2.stride(0), sz, szh, zh, out.stride(0), float(eps),

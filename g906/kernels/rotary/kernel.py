@@ -138,8 +138,8 @@ def qk_norm_rotary(q, k, q_weight, k_weight, eps, positions, cos_sin_cache, rot_
                  kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2), kc.shape[1])
     else:  # not read (STORE=False)
         store = (k, k, k, positions) + (0,) * 8 + (1,)
-    # q heads in blocks of about as many as the k heads: a few small programs per token instead
-    # of one (H200, 9B decode graphs: one program for 16 q + 4 k heads took 3.7 us a call)
+    # q heads in blocks of about as many as the k heads: at decode's few tokens, a few small
+    # programs per token finish sooner than one program walking every head
     bq = min(next_pow2(Hq), max(next_pow2(Hk), 4))
     _qk_norm_rotary_kernel[(T, triton.cdiv(Hq, bq) + 1)](
         q, k, qo, ko, q_weight, k_weight, positions, cos_sin_cache, Hq, Hk, D, q.stride(0),
