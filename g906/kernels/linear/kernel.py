@@ -48,7 +48,7 @@ def _gemv_fusable(x, weight) -> bool:
 
 def _packed_silu_pays(x, pw) -> bool:
     N, K = pw.shape
-    c = packed_config._pq_gemv_config(x.shape[0], N, K, pw.qtype, x.device)
+    c = packed_config._pq_gemv_config(x.shape[0], N, K, pw.qtype, x.device)   # (as packed_matmul)
     return _recompute_ok(x.shape[0], N, K, c["BLOCK_N"])
 
 

@@ -42,6 +42,7 @@ def packed_matmul(x, pw, *, silu=False, glu=False, add_norm=None, rms_of=None, *
         dot = _pq_takes_dot(x)
     gemv = 0 < T <= 16 and not dot
     if gemv:
+        # looked up in its module at each call: benchmarks/engine.py --gemv-config replaces it
         c = packed_config._pq_gemv_config(T, N, K, qt, x.device)
         c.update(cfg)
         c["PAIRS"] = _pq_pairs(x, qt, c, "PAIRS" in cfg, glu)
