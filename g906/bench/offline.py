@@ -200,7 +200,7 @@ def bandwidth_figures(res: dict, loaded, workload: Workload, bandwidth: float | 
     if not bandwidth or not bpt:
         return None
     limit = bandwidth / bpt
-    fig = {"copy_gb_s": round(bandwidth / 1e9, 1), "bytes_per_token": int(bpt),
+    fig = {"copy_gb_s": round(bandwidth / 1e9, 3), "bytes_per_token": int(bpt),
            "weight_bytes": loaded.info.get("weight_bytes"), "limit_tok_s": round(limit, 1)}
     dec = res.get("decode_tok_s")
     if workload.max_concurrency == 1 and dec:
