@@ -20,6 +20,7 @@ from g906.engine.sampling_params import SamplingParams
 from g906.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from g906.engine.sequence import Sequence
 from g906.engine.stop import StopStrings, token_stop
+from g906.engine.kernel_errors import reported_as_g906_errors
 from g906.errors import G906Error
 
 log = logging.getLogger("g906.engine")
@@ -127,6 +128,7 @@ class _Launched:
 
 
 class LLMEngine:
+    @reported_as_g906_errors
     def __init__(self, loaded, config: EngineConfig | None = None, *, vision=None):
         self.loaded = loaded
         self.vision = vision  # VisionRuntime (g906/engine/vision) when the model takes images
@@ -238,6 +240,7 @@ class LLMEngine:
         return len(self._requests)
 
     # -- one step ----------------------------------------------------------------------------------
+    @reported_as_g906_errors
     def step(self) -> list[StepOutput]:
         """Run one step and return its outputs.
 

@@ -8,9 +8,11 @@ import time
 import torch
 
 from g906.engine.device import default_device, resolve_dtype
+from g906.engine.kernel_errors import reported_as_g906_errors
 from g906.engine.sources import LoadedModel, open_source, tokenizer_and_template
 
 
+@reported_as_g906_errors
 def load_model(
     source: str,
     *,

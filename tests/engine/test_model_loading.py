@@ -168,3 +168,14 @@ def test_the_architecture_tables_name_every_weight_of_the_transformers_model(tin
     if cfg.tie_word_embeddings:
         theirs.pop("lm_head.weight", None)
     assert ours == theirs
+
+
+def test_a_bad_kernel_choice_is_a_g906_error(monkeypatch):
+    from g906.errors import G906Error
+
+    from g906 import LLM, SamplingParams
+
+    monkeypatch.setenv("G906_KERNELS", "fastest")
+    with pytest.raises(G906Error, match="G906_KERNELS='fastest' is not one of") as err:
+        LLM("builtin:tiny-qwen35", device="cpu").generate(["hi"], SamplingParams(max_tokens=2))
+    assert "G906_KERNELS=auto" in (err.value.hint or "")

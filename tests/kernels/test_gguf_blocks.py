@@ -28,3 +28,10 @@ def test_torch_decode_matches_gguf(qtype):
     ref = dequantize(raw.numpy(), GGMLQuantizationType[qtype])
     mine = decode_blocks(raw.reshape(-1, BLOCKS[qtype][1]), qtype).reshape(ref.shape).numpy()
     np.testing.assert_array_equal(mine, ref)
+
+
+def test_the_fused_kernel_types_are_the_quant_tables():
+    from g906.arch import quant
+    from g906.kernels.ops import FUSED_QTYPES
+
+    assert set(FUSED_QTYPES) == set(quant.fused_types())
