@@ -150,12 +150,32 @@ MediaLimitValue = Annotated[
 ]
 
 
+class ImageFetchSection(_Strict):
+    allowed_hosts: list[Annotated[str, Field(min_length=1, max_length=253, pattern=r"^(\*|(\*\.)?[A-Za-z0-9_.:\[\]-]+)$")]] = Field(
+        default_factory=list, max_length=256,
+        description="Hosts that chat requests may name in http(s) image URLs: names, IP addresses, "
+        "\"*.example.com\" (its subdomains) or \"*\" (any public host). Empty (the default): remote images are "
+        "off and clients send images inline (data: URLs). Checked on every redirect too.")
+    schemes: list[Literal["http", "https"]] = Field(
+        default_factory=lambda: ["https"], min_length=1, description="URL schemes allowed for remote images.")
+    allow_private_networks: bool = Field(
+        False, description="Let allowed hosts resolve to private, loopback or link-local addresses (an image "
+        "host on your own network). Off: such addresses are refused after DNS resolution.")
+    timeout_s: float = Field(10.0, gt=0, le=300, description="Total time one fetch may take (DNS, connect, "
+                             "redirects and every read together).")
+    max_bytes: int = Field(20 * 1024 * 1024, ge=1024, le=1 << 30, description="Largest image a fetch may download.")
+    max_concurrent: int = Field(16, ge=1, le=1024, description="Remote fetches in flight at once; more wait "
+                                "(within their timeout).")
+
+
 class MultimodalSection(_Strict):
     image: MediaLimitValue | None = Field(
         None, description="Images per prompt: a count, or {count, width, height} (as vLLM's --limit-mm-per-prompt). "
         "Unset or 0: images are off."
     )
     video: MediaLimitValue | None = Field(None, description="Videos per prompt, same forms as image.")
+    image_fetch: ImageFetchSection = Field(
+        default_factory=ImageFetchSection, description="Fetching http(s) image URLs named in requests (off by default).")
 
 
 class VllmOptions(_Strict):
