@@ -48,6 +48,11 @@ class FetchPolicy:
     def enabled(self) -> bool:
         return bool(self.allowed_hosts)
 
+    def fetch_sync(self, url: str, *, what: str = "image") -> bytes:
+        """fetch_remote for callers without an event loop (the offline API)."""
+        check_url(url, self, what)
+        return asyncio.run(fetch_remote(url, self, what=what))
+
 
 class _Refused(Exception):
     """Why a fetch failed after it started: logged, never shown to the client."""
@@ -200,9 +205,3 @@ async def _fetch(u, policy: FetchPolicy) -> bytes:
             finally:
                 await resp.aclose()
     raise _Refused(f"more than {policy.max_redirects} redirects")
-
-
-def fetch_remote_sync(url: str, policy: FetchPolicy | None, *, what: str = "image") -> bytes:
-    """fetch_remote for callers without an event loop (the offline API)."""
-    check_url(url, policy, what)
-    return asyncio.run(fetch_remote(url, policy, what=what))

@@ -85,9 +85,11 @@ def fetch_image_bytes(url: str, limits: ImageLimits | None = None, *, what: str 
         return _data_url_bytes(url, lim, what)
     low = url.lower()
     if low.startswith(("http://", "https://")):
-        from g906.engine.vision.fetch import fetch_remote_sync
-
-        return fetch_remote_sync(url, lim.fetch, what=what)
+        if lim.fetch is None:
+            raise ImageError(f"{what}: fetching images over http(s) is turned off on this server",
+                             hint="send the image inline as a data: URL (base64); an operator can allow image "
+                             "hosts with multimodal.image_fetch.allowed_hosts in the recipe")
+        return lim.fetch.fetch_sync(url, what=what)
     if low.startswith("file://"):
         path = url[7:]
     elif re.match(r"^[a-z][a-z0-9+.-]*://", low):
