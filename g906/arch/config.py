@@ -6,7 +6,7 @@ parallelism from it. Torch-free."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -100,3 +100,22 @@ def read_json_object(p: Path, *, missing: str = "file not found") -> dict[str, A
     if not isinstance(data, dict):
         raise G906Error(f"{p}: expected a JSON object")
     return data
+
+
+# More positions than any model is trained for: a config claiming more is corrupt, and tables
+# sized by it (rotary: rows x rotary_dim floats) could not be allocated
+MAX_PLAUSIBLE_POSITIONS = 1 << 24
+
+
+def bound_positions(config: ModelConfig, max_model_len: int | None, *, source: str = "the model") -> ModelConfig:
+    """The config with max_position_embeddings lowered to max_model_len (what will be run), so
+    nothing is sized by a larger (or absurd) value from the file; without max_model_len, an
+    implausible value is an error naming the field."""
+    n = int(config.max_position_embeddings)
+    if max_model_len is not None and n > int(max_model_len):
+        return replace(config, max_position_embeddings=int(max_model_len))
+    if not 1 <= n <= MAX_PLAUSIBLE_POSITIONS:
+        raise G906Error(f"{source}: the model config says max_position_embeddings = {n}, which is not a "
+                        f"plausible context length (1 to {MAX_PLAUSIBLE_POSITIONS})",
+                        hint="set limits.max_model_len in the recipe to the context you serve, or fix the config")
+    return config
