@@ -223,6 +223,13 @@ class ServerSection(_Strict):
     host: str = Field("127.0.0.1", min_length=1, description="Address to listen on (0.0.0.0 for every interface).")
     port: int = Field(8000, ge=1, le=65535, description="TCP port of the OpenAI-compatible API.")
     api_key_env: str | None = Field(None, description="Name of the environment variable that holds the API key.")
+    header_timeout_s: float = Field(10.0, gt=0, le=3600, description="A connection must complete a request's "
+                                    "headers within this many seconds of opening (or of its previous answer), or "
+                                    "it is closed.")
+    body_timeout_s: float = Field(60.0, gt=0, le=3600, description="Seconds a client has to send a whole request "
+                                  "body; slower ones get 408.")
+    max_connections: int = Field(2048, ge=1, le=1_000_000, description="Connections and requests in progress at "
+                                 "once; beyond it new requests get 503 (uvicorn's limit_concurrency).")
 
     @field_validator("api_key_env")
     @classmethod
