@@ -79,6 +79,19 @@ def test_unaligned_offset_is_refused(good, tmp_path):
     assert "unaligned.gguf" in e.value.message and "alignment" in e.value.message
 
 
+def test_overlapping_tensors_are_refused(good, tmp_path):
+    """Tensor 1 pointed at tensor 0's bytes: aligned and inside the file, still wrong."""
+    def edit(r):
+        big = max(range(len(r.tensors)), key=lambda i: int(r.tensors[i].n_bytes))
+        other = next(i for i in range(len(r.tensors)) if i != big)
+        return _tensor_offset_patch(r, other, int(r.tensors[big].field.parts[-1][0]))
+
+    p = _patched_copy(good, tmp_path, "overlap.gguf", edit)
+    with pytest.raises(G906Error) as e:
+        _open_all(p)
+    assert "overlap.gguf" in e.value.message and "overlap" in e.value.message
+
+
 def test_corrupted_vocabulary_is_g906s_error(good, tmp_path):
     """A merge rewritten to name tokens that are not in the vocabulary: the tokenizers library
     would raise its own exception; g906 names the file and the field."""

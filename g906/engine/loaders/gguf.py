@@ -142,6 +142,7 @@ def _check_tensor_extents(path: Path, reader, size: int) -> None:
 
     align = int(reader.alignment)
     start = int(reader.data_offset)
+    spans = []
     for t in reader.tensors:
         rel = int(t.field.parts[-1][0])                      # the offset as stored (uint64)
         dims = [int(d) for d in t.field.parts[3]]
@@ -159,6 +160,12 @@ def _check_tensor_extents(path: Path, reader, size: int) -> None:
                 f"{path}: truncated or corrupt: tensor {t.name} would end at byte {end} but the file has {size}",
                 hint="download the file again",
             )
+        spans.append((start + rel, end, t.name))
+    spans.sort()
+    for (_, end, name), (begin, _, other) in zip(spans, spans[1:]):
+        if begin < end:    # two tensors sharing bytes: one of them is read from the wrong place
+            raise G906Error(f"{path}: tensors {name} and {other} overlap in the file",
+                            hint="the file is corrupt: download it again")
 
 
 def _field_value(field) -> Any:
