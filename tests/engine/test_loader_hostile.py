@@ -92,6 +92,20 @@ def test_overlapping_tensors_are_refused(good, tmp_path):
     assert "overlap.gguf" in e.value.message and "overlap" in e.value.message
 
 
+def test_changed_tensor_type_is_refused(good, tmp_path):
+    """An F32 norm relabelled F16: half the bytes, still inside the file and aligned; its data
+    would be read as different numbers. The unused bytes it leaves give it away."""
+    def edit(r):
+        i = next(i for i, t in enumerate(r.tensors) if int(t.tensor_type) == 0 and int(t.n_bytes) >= 64)
+        part = r.tensors[i].field.parts[4]
+        return [(_file_offset(r, part), np.array([1], dtype="<u4").tobytes())]
+
+    p = _patched_copy(good, tmp_path, "type.gguf", edit)
+    with pytest.raises(G906Error) as e:
+        _open_all(p)
+    assert "type.gguf" in e.value.message and "belong to no tensor" in e.value.message
+
+
 def test_corrupted_vocabulary_is_g906s_error(good, tmp_path):
     """A merge rewritten to name tokens that are not in the vocabulary: the tokenizers library
     would raise its own exception; g906 names the file and the field."""

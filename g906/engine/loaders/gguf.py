@@ -162,10 +162,18 @@ def _check_tensor_extents(path: Path, reader, size: int) -> None:
             )
         spans.append((start + rel, end, t.name))
     spans.sort()
-    for (_, end, name), (begin, _, other) in zip(spans, spans[1:]):
-        if begin < end:    # two tensors sharing bytes: one of them is read from the wrong place
-            raise G906Error(f"{path}: tensors {name} and {other} overlap in the file",
+    # GGUF writers (gguf-py, llama.cpp) lay tensors end to end, each padded to the alignment: two
+    # tensors sharing bytes, or bytes no tensor uses, mean a damaged table (a changed type or
+    # shape whose data would be read from the wrong place)
+    prev_end, prev = start, None
+    for begin, end, name in spans:
+        if begin < prev_end:
+            raise G906Error(f"{path}: tensors {prev} and {name} overlap in the file",
                             hint="the file is corrupt: download it again")
+        if begin - prev_end >= align:
+            raise G906Error(f"{path}: {begin - prev_end} bytes before tensor {name} belong to no tensor: the "
+                            "file's tensor table is corrupt", hint="download the file again")
+        prev_end, prev = end, name
 
 
 def _field_value(field) -> Any:
