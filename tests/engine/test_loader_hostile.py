@@ -139,3 +139,21 @@ def test_config_context_is_bounded_by_max_model_len(tiny_qwen35_hf_dir, tmp_path
     with pytest.raises(G906Error) as e:
         load_model(str(d), dtype="float32", device="cpu", progress=False)
     assert "max_position_embeddings" in e.value.message and "huge-ctx" in e.value.message
+
+
+@pytest.mark.parametrize("key,value", [("linear_num_key_heads", 0), ("linear_num_value_heads", "x"),
+                                       ("hidden_size", 1 << 62), ("rms_norm_eps", -1.0), ("num_hidden_layers", None),
+                                       ("head_dim", 2.5)])
+def test_config_values_are_checked_by_name(tiny_qwen35_hf_dir, tmp_path, key, value):
+    """Found by the fuzz (python -m tests.fuzz): a zero head count was a ZeroDivisionError, a
+    string one a TypeError; now each is g906's error naming config.json and the field."""
+    from g906.arch.registry import config_from_hf_dir
+
+    d = tmp_path / "cfg"
+    d.mkdir()
+    cfg = json.loads((tiny_qwen35_hf_dir / "config.json").read_text())
+    (cfg.get("text_config") or cfg)[key] = value
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(G906Error) as e:
+        config_from_hf_dir(d)
+    assert "config.json" in e.value.message and (key in e.value.message or "wrong type" in e.value.message)

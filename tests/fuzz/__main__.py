@@ -58,6 +58,7 @@ def main(argv=None) -> int:
             report["recipes"] = r = fuzz_recipes(args.recipe_cases, args.seed)
             r["seconds"] = round(time.monotonic() - t0, 1)
             bad += r.get("unhandled", 0)
+            print(json.dumps({"recipes": r}), file=sys.stderr, flush=True)
         if "files" in parts:
             from tests.fuzz.file_fuzz import fuzz_model_files
 
@@ -67,6 +68,7 @@ def main(argv=None) -> int:
             (work / "files").mkdir(exist_ok=True)
             r["seconds"] = round(time.monotonic() - t0, 1)
             bad += sum(v.get("unhandled", 0) + v.get("wrongly_accepted", 0) for v in r.values() if isinstance(v, dict))
+            print(json.dumps({"model_files": r}), file=sys.stderr, flush=True)
         if "http" in parts:
             from tests.fuzz.http_fuzz import run_http
             from tests.server.conftest import API_KEY, start_server, stop_server

@@ -110,20 +110,24 @@ def run_http(base_url: str, api_key: str, *, cases: int, seed: int = 0) -> dict:
             _check(fig, f"{path} {name}", r)
 
     per_route = max(1, cases // (2 * len(posts)))
+
+    def route_test(path: str, model: str, wild: bool):
+        @settings(max_examples=per_route, deadline=None, database=None, derandomize=True,
+                  suppress_health_check=list(HealthCheck))
+        @given(body=gen.body(model, wild=wild))
+        def one(body):
+            try:
+                r = client.post(path, json=_tame(body))
+            except httpx.TimeoutException:
+                fig.hangs += 1
+                return
+            _check(fig, f"{path} wild={wild} {json.dumps(body)[:150]}", r)
+
+        return one
+
     for path, model in posts:
         for wild in (False, True):
-            @settings(max_examples=per_route, deadline=None, database=None, derandomize=True,
-                      suppress_health_check=list(HealthCheck))
-            @given(body=gen.body(model, wild=wild))
-            def one(body, path=path, wild=wild):
-                try:
-                    r = client.post(path, json=_tame(body))
-                except httpx.TimeoutException:
-                    fig.hangs += 1
-                    return
-                _check(fig, f"{path} wild={wild} {json.dumps(body)[:150]}", r)
-
-            one()
+            route_test(path, model, wild)()
     for path in [p for p, op in doc["paths"].items() if "get" in op and "{" not in p]:
         _check(fig, f"GET {path}", client.get(path))
     t0 = time.monotonic()

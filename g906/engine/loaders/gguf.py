@@ -322,7 +322,15 @@ class GGUFModelFile:
         from g906.engine.tokenizer import gguf_eos_token_ids
 
         shapes = {name: t.shape for name, t in self._tensors.items()}
-        cfg = _arch.config_from_gguf(self.metadata, shapes, str(self.path))
+        try:
+            cfg = _arch.config_from_gguf(self.metadata, shapes, str(self.path))
+        except G906Error as exc:
+            if str(self.path) in exc.message:
+                raise
+            raise G906Error(f"{self.path}: {exc.message}", hint=exc.hint) from None
+        except (TypeError, ValueError, ZeroDivisionError, AttributeError) as exc:
+            raise G906Error(f"{self.path}: a metadata value has the wrong type or is out of range "
+                            f"({type(exc).__name__}: {exc})", hint="the file is damaged") from None
         cfg.eos_token_ids = gguf_eos_token_ids(self.metadata)
         self._config = cfg
         return cfg
