@@ -6,11 +6,22 @@ parallelism from it. Torch-free."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from g906.errors import G906Error
+
+
+_SIZE = 1 << 24
+# upper bounds far beyond any real model; max_position_embeddings is bounded by bound_positions()
+_INT_FIELDS = {
+    "vocab_size": _SIZE, "hidden_size": _SIZE, "intermediate_size": _SIZE, "num_hidden_layers": 1 << 12,
+    "num_attention_heads": 1 << 12, "num_key_value_heads": 1 << 12, "head_dim": 1 << 14,
+    "max_position_embeddings": 1 << 62, "linear_conv_kernel_dim": 64, "linear_key_head_dim": 1 << 14,
+    "linear_value_head_dim": 1 << 14, "linear_num_key_heads": 1 << 12, "linear_num_value_heads": 1 << 12,
+}
 
 
 @dataclass
@@ -51,6 +62,7 @@ class ModelConfig:
     vision_end_token_id: int | None = None
 
     def __post_init__(self) -> None:
+        self._check_values()
         if not self.layer_types:
             self.layer_types = [
                 "full_attention" if (i + 1) % 4 == 0 else "linear_attention"
@@ -65,6 +77,26 @@ class ModelConfig:
                 f"linear_num_value_heads ({self.linear_num_value_heads}) is not a multiple of "
                 f"linear_num_key_heads ({self.linear_num_key_heads})"
             )
+
+    def _check_values(self) -> None:
+        """Every size a positive integer in a sane range, every float finite and positive: a
+        damaged config.json or GGUF header is named by field here, not by a division by zero or
+        an impossible allocation later."""
+        for name, hi in _INT_FIELDS.items():
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= hi:
+                raise G906Error(f"model config: {name} = {v!r} is not an integer from 1 to {hi}",
+                                hint="the model's config is damaged or not a Qwen3.5 config")
+        if isinstance(self.num_mtp_layers, bool) or not isinstance(self.num_mtp_layers, int) \
+                or not 0 <= self.num_mtp_layers <= 64:
+            raise G906Error(f"model config: mtp layers = {self.num_mtp_layers!r} is not an integer from 0 to 64")
+        for name in ("rms_norm_eps", "rope_theta", "partial_rotary_factor"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise G906Error(f"model config: {name} = {v!r} is not a positive number",
+                                hint="the model's config is damaged")
+        if self.partial_rotary_factor > 1:
+            raise G906Error(f"model config: partial_rotary_factor = {self.partial_rotary_factor!r} is above 1")
 
     @property
     def rotary_dim(self) -> int:
@@ -100,3 +132,22 @@ def read_json_object(p: Path, *, missing: str = "file not found") -> dict[str, A
     if not isinstance(data, dict):
         raise G906Error(f"{p}: expected a JSON object")
     return data
+
+
+# More positions than any model is trained for: a config claiming more is corrupt, and tables
+# sized by it (rotary: rows x rotary_dim floats) could not be allocated
+MAX_PLAUSIBLE_POSITIONS = 1 << 24
+
+
+def bound_positions(config: ModelConfig, max_model_len: int | None, *, source: str = "the model") -> ModelConfig:
+    """The config with max_position_embeddings lowered to max_model_len (what will be run), so
+    nothing is sized by a larger (or absurd) value from the file; without max_model_len, an
+    implausible value is an error naming the field."""
+    n = int(config.max_position_embeddings)
+    if max_model_len is not None and n > int(max_model_len):
+        return replace(config, max_position_embeddings=int(max_model_len))
+    if not 1 <= n <= MAX_PLAUSIBLE_POSITIONS:
+        raise G906Error(f"{source}: the model config says max_position_embeddings = {n}, which is not a "
+                        f"plausible context length (1 to {MAX_PLAUSIBLE_POSITIONS})",
+                        hint="set limits.max_model_len in the recipe to the context you serve, or fix the config")
+    return config

@@ -61,7 +61,15 @@ def config_from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> Model
     name = hf_architecture_name(cfg)
     arch = qwen35.ARCH if name is None else for_engine(name, source)
     assert arch.config_from_hf is not None
-    return arch.config_from_hf(cfg)
+    try:
+        return arch.config_from_hf(cfg)
+    except G906Error as exc:
+        if source in exc.message:
+            raise
+        raise G906Error(f"{source}: {exc.message}", hint=exc.hint) from None
+    except (TypeError, ValueError, ZeroDivisionError, AttributeError) as exc:
+        raise G906Error(f"{source}: a value has the wrong type or is out of range ({type(exc).__name__}: {exc})",
+                        hint="the model's config is damaged or not a Qwen3.5 config") from None
 
 
 def config_from_hf_dir(path: str | Path) -> ModelConfig:

@@ -58,6 +58,9 @@ def install_cmd(
         return
     if res.action == "dry_run":
         console.print(f"Dry run: nothing changed in {res.lib_dir}", markup=False)
+    if res.action == "already_installed":
+        console.print(res.notes[0], markup=False, soft_wrap=True)
+        return
     for note in res.notes:
         console.print(f"  - {note}", markup=False, soft_wrap=True)
     if res.action == "installed":

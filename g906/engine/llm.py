@@ -174,7 +174,8 @@ class LLM:
                             hint="for a recipe, use g906.serving.llm_from_plan(plan)")
         source = os.fspath(model)
         self.loaded = load_model(source, dtype=dtype, device=device, chat_template=chat_template, progress=progress,
-                                 tensor_parallel_size=tensor_parallel_size or 1, devices=devices)
+                                 tensor_parallel_size=tensor_parallel_size or 1, devices=devices,
+                                 max_model_len=config.max_model_len)
         try:
             if self.loaded.tokenizer is None:
                 raise G906Error(f"{source}: the model has no tokenizer", hint="the offline API needs one to handle text")

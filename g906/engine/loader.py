@@ -7,6 +7,7 @@ import time
 
 import torch
 
+from g906.arch.config import bound_positions
 from g906.engine.device import default_device, resolve_dtype
 from g906.engine.kernel_errors import reported_as_g906_errors
 from g906.engine.sources import LoadedModel, open_source, tokenizer_and_template
@@ -22,12 +23,15 @@ def load_model(
     progress: bool = True,
     tensor_parallel_size: int = 1,
     devices: list[int] | None = None,
+    max_model_len: int | None = None,
 ) -> LoadedModel:
     """Load `source` (HF dir, GGUF file, builtin:NAME) onto `device` in `dtype`.
 
     chat_template overrides the model's own template: a path to a .jinja file or the template
     text itself. tensor_parallel_size > 1 splits the model over that many worker processes
-    (g906.engine.parallel; `devices`: one GPU index per rank); .model is then a TPModel."""
+    (g906.engine.parallel; `devices`: one GPU index per rank); .model is then a TPModel.
+    max_model_len: the longest sequence the model will run; tables sized by the config's
+    positions (rotary) are built for at most this many."""
     if int(tensor_parallel_size) > 1:
         from g906.engine.parallel import load_model_tp
 
@@ -38,7 +42,7 @@ def load_model(
     dev = torch.device(device) if device is not None else default_device()
     cdtype = resolve_dtype(dtype, dev)
     src, fmt = open_source(str(source))
-    config = src.config()
+    config = bound_positions(src.config(), max_model_len, source=str(source))
     t0 = time.perf_counter()
     model = model_class(config)(config, dtype=cdtype, device=dev)
     try:

@@ -250,6 +250,12 @@ class Tokenizer:
         tokens = list(fields.get("tokenizer.ggml.tokens") or [])
         if not tokens:
             raise G906Error("GGUF metadata has no tokenizer.ggml.tokens")
+        for key, values in (("tokenizer.ggml.tokens", tokens),
+                            ("tokenizer.ggml.merges", fields.get("tokenizer.ggml.merges") or [])):
+            bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
+            if bad is not None:
+                raise G906Error(f"{key}[{bad}] is a {type(values[bad]).__name__}, not a string: the vocabulary "
+                                "is corrupt", hint="the file is damaged: download it again")
         types = list(fields.get("tokenizer.ggml.token_type") or [TOKEN_TYPE_NORMAL] * len(tokens))
         if len(types) != len(tokens):
             raise G906Error(f"GGUF metadata lists {len(types)} token types for {len(tokens)} tokens")
@@ -263,6 +269,13 @@ class Tokenizer:
         vocab: dict[str, int] = {}
         for i, t in enumerate(tokens):
             vocab.setdefault(t, i)
+        known = set(vocab)
+        for i, (a, b) in enumerate(merges):
+            if a not in known or b not in known or a + b not in known:
+                missing = next(x for x in (a, b, a + b) if x not in known)
+                raise G906Error(f"tokenizer.ggml.merges[{i}] ({a!r} {b!r}) names {missing!r}, which is not in "
+                                "tokenizer.ggml.tokens: the vocabulary is corrupt",
+                                hint="the file is damaged: download it again")
         backend = _Backend(BPE(vocab=vocab, merges=merges, dropout=None, unk_token=None,
                                continuing_subword_prefix="", end_of_word_suffix="",
                                fuse_unk=False, byte_fallback=False))

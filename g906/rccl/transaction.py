@@ -56,7 +56,7 @@ class ProbeFailed(G906Error):
 
 @dataclass
 class InstallResult:
-    action: str                       # installed | dry_run
+    action: str                       # installed | dry_run | already_installed
     lib_dir: str
     python: str | None
     torch_version: str | None
@@ -131,17 +131,18 @@ def install(
         manifest = st.load_manifest(area)
         dests = [e.name for e in entries if e.kind == "file"]
         settled = manifest is None or manifest.state in (st.INSTALLED, st.ROLLED_BACK)
-        if settled and all(shas[d] == new.sha256 for d in dests):
-            raise G906Error(
-                f"{lib_dir / dests[0]} is already this library (sha256 {new.sha256[:12]}); nothing to do.",
-                hint="`g906 rccl status` shows what is installed; `g906 rccl rollback` restores the original.",
-            )
+        already = settled and all(shas[d] == new.sha256 for d in dests)
         result = InstallResult(
-            action="dry_run" if dry_run else "installed", lib_dir=str(lib_dir), python=target.python,
+            action="already_installed" if already else "dry_run" if dry_run else "installed", lib_dir=str(lib_dir), python=target.python,
             torch_version=target.torch_version, source=src.display, new=new.to_json(), destinations=dests,
             original=[{"name": e.name, "kind": e.kind, "link": e.link, "sha256": shas.get(e.name)} for e in entries],
             backup_dir=None, manifest=str(st.manifest_path(area)), warnings=list(warnings),
         )
+        if already:   # the wanted end state holds: success, and nothing is touched
+            result.notes.append(f"{lib_dir / dests[0]} is already this library (sha256 {new.sha256[:12]}); "
+                                "nothing to do. `g906 rccl status` shows what is installed; `g906 rccl rollback` "
+                                "restores the original.")
+            return result
         if dry_run:
             if manifest is not None and why_inconsistent(manifest, entries, shas) is None:
                 result.notes.append(f"the existing backup ({manifest.state}) of the original library would be kept")

@@ -11,6 +11,7 @@ and every problem is reported at the recipe line that caused it. No torch here.
 from __future__ import annotations
 
 import difflib
+import errno
 import os
 import re
 from collections import Counter
@@ -95,6 +96,42 @@ def _media(lim: int | MediaLimit | None) -> MediaLimitPlan | None:
 
 
 def resolve(recipe: Recipe, recipe_path: str | os.PathLike | None = None, *, check_files: bool = True) -> Plan:
+    """The recipe resolved against the file system: a Plan, or RecipeError naming file:line:col.
+    The file system's own refusals (a name too long, a permission denied, a loop of links) are
+    recipe errors too, located at the key whose path caused them."""
+    try:
+        return _resolve(recipe, recipe_path, check_files)
+    except OSError as exc:
+        cx = _Ctx(recipe, recipe_path, check_files)
+        key, value = _path_key(cx, recipe, exc.filename)
+        shown = value if len(value) <= 80 else value[:50] + "..." + value[-20:]
+        help = None
+        if exc.errno == errno.ENAMETOOLONG:
+            help = (f"the path has {len(value)} characters; file systems allow at most 255 bytes per name "
+                    "and about 4096 per path")
+        raise RecipeError(cx.file, [located_issue(cx.file, cx.index, key, f"{_PATH_KEYS[key]} path {shown!r}: "
+                                                  f"{exc.strerror or exc}", help)]) from None
+
+
+_PATH_KEYS = {("model", "source"): "model", ("model", "chat_template"): "chat template",
+              ("model", "mmproj"): "vision projector", ("parallel", "rccl"): "RCCL package"}
+
+
+def _path_key(cx: _Ctx, recipe: Recipe, filename) -> tuple[tuple, str]:
+    """The recipe key whose path an OS error is about (model.source when none matches)."""
+    values = {("model", "source"): recipe.model.source, ("model", "chat_template"): recipe.model.chat_template,
+              ("model", "mmproj"): recipe.model.mmproj, ("parallel", "rccl"): recipe.parallel.rccl}
+    failed = os.fsdecode(filename) if filename is not None else ""
+    for key, value in values.items():
+        if not value or value.strip().startswith("builtin:") or value in ("auto", "none"):
+            continue
+        resolved = str(cx.path(value))
+        if failed and (failed == resolved or failed.startswith(resolved + os.sep) or resolved.startswith(failed)):
+            return key, value
+    return _SOURCE, recipe.model.source
+
+
+def _resolve(recipe: Recipe, recipe_path: str | os.PathLike | None, check_files: bool) -> Plan:
     cx = _Ctx(recipe, recipe_path, check_files)
     mm = {k: v for k, v in (("image", _media(recipe.multimodal.image)),
                             ("video", _media(recipe.multimodal.video))) if v is not None}

@@ -150,12 +150,32 @@ MediaLimitValue = Annotated[
 ]
 
 
+class ImageFetchSection(_Strict):
+    allowed_hosts: list[Annotated[str, Field(min_length=1, max_length=253, pattern=r"^(\*|(\*\.)?[A-Za-z0-9_.:\[\]-]+)$")]] = Field(
+        default_factory=list, max_length=256,
+        description="Hosts that chat requests may name in http(s) image URLs: names, IP addresses, "
+        "\"*.example.com\" (its subdomains) or \"*\" (any public host). Empty (the default): remote images are "
+        "off and clients send images inline (data: URLs). Checked on every redirect too.")
+    schemes: list[Literal["http", "https"]] = Field(
+        default_factory=lambda: ["https"], min_length=1, description="URL schemes allowed for remote images.")
+    allow_private_networks: bool = Field(
+        False, description="Let allowed hosts resolve to private, loopback or link-local addresses (an image "
+        "host on your own network). Off: such addresses are refused after DNS resolution.")
+    timeout_s: float = Field(10.0, gt=0, le=300, description="Total time one fetch may take (DNS, connect, "
+                             "redirects and every read together).")
+    max_bytes: int = Field(20 * 1024 * 1024, ge=1024, le=1 << 30, description="Largest image a fetch may download.")
+    max_concurrent: int = Field(16, ge=1, le=1024, description="Remote fetches in flight at once; more wait "
+                                "(within their timeout).")
+
+
 class MultimodalSection(_Strict):
     image: MediaLimitValue | None = Field(
         None, description="Images per prompt: a count, or {count, width, height} (as vLLM's --limit-mm-per-prompt). "
         "Unset or 0: images are off."
     )
     video: MediaLimitValue | None = Field(None, description="Videos per prompt, same forms as image.")
+    image_fetch: ImageFetchSection = Field(
+        default_factory=ImageFetchSection, description="Fetching http(s) image URLs named in requests (off by default).")
 
 
 class VllmOptions(_Strict):
@@ -203,6 +223,13 @@ class ServerSection(_Strict):
     host: str = Field("127.0.0.1", min_length=1, description="Address to listen on (0.0.0.0 for every interface).")
     port: int = Field(8000, ge=1, le=65535, description="TCP port of the OpenAI-compatible API.")
     api_key_env: str | None = Field(None, description="Name of the environment variable that holds the API key.")
+    header_timeout_s: float = Field(10.0, gt=0, le=3600, description="A connection must complete a request's "
+                                    "headers within this many seconds of opening (or of its previous answer), or "
+                                    "it is closed.")
+    body_timeout_s: float = Field(60.0, gt=0, le=3600, description="Seconds a client has to send a whole request "
+                                  "body; slower ones get 408.")
+    max_connections: int = Field(2048, ge=1, le=1_000_000, description="Connections and requests in progress at "
+                                 "once; beyond it new requests get 503 (uvicorn's limit_concurrency).")
 
     @field_validator("api_key_env")
     @classmethod

@@ -10,12 +10,14 @@ non-stream answer) aborts its request at once (disconnect.py)."""
 from __future__ import annotations
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from g906.server import info_routes
 from g906.server.chat_completions import chat_completions
 from g906.server.completions import completions
 from g906.server.errors import EXCEPTION_HANDLERS
+from g906.server.shutdown_guard import ShutdownGuard
 from g906.server.state import DEFAULT_MAX_BODY_BYTES, ServerState
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "ServerState", "create_app"]
@@ -32,6 +34,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/version", info_routes.version, methods=["GET"]),
         Route("/openapi.json", info_routes.openapi, methods=["GET"]),
     ]
-    app = Starlette(routes=routes, exception_handlers=dict(EXCEPTION_HANDLERS))
+    app = Starlette(routes=routes, exception_handlers=dict(EXCEPTION_HANDLERS),
+                    middleware=[Middleware(ShutdownGuard)])
     app.state.g906 = state
     return app

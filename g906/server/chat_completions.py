@@ -9,6 +9,7 @@ from starlette.responses import Response
 from g906.errors import G906Error
 from g906.server import protocol as P
 from g906.server.assembler import ResponseAssembler
+from g906.server.cpu_work import check_prompt_bytes, offload
 from g906.server.errors import bad_request
 from g906.server.generation import GenerationRequest, Prompt, openai_sampling_params, start
 from g906.server.intake import parse_request
@@ -36,12 +37,15 @@ async def generation_request(st: ServerState, req: P.ChatCompletionRequest) -> G
         raise bad_request(f"response_format {req.response_format.type!r} is not supported (only \"text\")",
                           param="response_format")
     images: list[str] = []
+    messages = template_messages(req, images)
+    check_prompt_bytes(st, _text_bytes(messages), param="messages")
     try:
-        prompt_text = st.prompts.render_chat(
-            template_messages(req, images), add_generation_prompt=req.add_generation_prompt, tools=req.tools,
+        prompt_text = await offload(
+            st.prompts.render_chat, messages, add_generation_prompt=req.add_generation_prompt, tools=req.tools,
             **(req.chat_template_kwargs or {}),
         )
-        ids = st.prompts.encode(prompt_text)
+        check_prompt_bytes(st, len(prompt_text.encode("utf-8", "surrogatepass")), param="messages")
+        ids = await offload(st.prompts.encode, prompt_text)
     except G906Error as exc:
         raise bad_request(exc.message, param="messages") from None
     except TypeError as exc:
@@ -53,7 +57,7 @@ async def generation_request(st: ServerState, req: P.ChatCompletionRequest) -> G
         from g906.engine.vision.glue import prepare_chat_images
 
         try:
-            ids, mm = await prepare_chat_images(getattr(st.engine.engine, "vision", None), ids, images)
+            ids, mm = await prepare_chat_images(getattr(st.engine.engine, "vision", None), ids, images, run=offload)
         except G906Error as exc:
             raise bad_request(exc.message, param="messages", code="invalid_image") from None
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -62,6 +66,12 @@ async def generation_request(st: ServerState, req: P.ChatCompletionRequest) -> G
                                     prompt_param="messages")
     return GenerationRequest(request_id=P.new_id("chatcmpl"), model=st.served_model_name,
                              prompts=[Prompt(ids=ids, text=prompt_text, mm=mm)], params=[params], n=req.n)
+
+
+def _text_bytes(messages: list[dict]) -> int:
+    """The UTF-8 size of the messages' text contents (what the template will at least hold)."""
+    return sum(len(m["content"].encode("utf-8", "surrogatepass")) for m in messages
+               if isinstance(m.get("content"), str))
 
 
 def template_messages(req: P.ChatCompletionRequest, images: list[str] | None = None) -> list[dict]:

@@ -8,6 +8,7 @@ from starlette.responses import Response
 
 from g906.server import protocol as P
 from g906.server.assembler import ResponseAssembler
+from g906.server.cpu_work import check_prompt_bytes, offload
 from g906.server.errors import bad_request
 from g906.server.generation import GenerationRequest, Prompt, admit, openai_sampling_params, start
 from g906.server.intake import parse_request
@@ -21,7 +22,7 @@ async def completions(request: Request) -> Response:
     assert isinstance(req, P.CompletionRequest)
     if req.suffix:
         raise bad_request("suffix is not supported", param="suffix")
-    prompts = _prompts(st, req)
+    prompts = await _prompts(st, req)
     params = [openai_sampling_params(req, max_tokens=req.max_tokens, prompt_len=len(p.ids),
                                      max_model_len=st.max_model_len, logprobs=req.logprobs, prompt_param="prompt")
               for p in prompts]
@@ -42,7 +43,7 @@ async def completions(request: Request) -> Response:
                              full=completion_full(asm, streams, eng, logprobs=req.logprobs))
 
 
-def _prompts(st: ServerState, req: P.CompletionRequest) -> list[Prompt]:
+async def _prompts(st: ServerState, req: P.CompletionRequest) -> list[Prompt]:
     p = req.prompt
     if isinstance(p, str):
         items: list = [p]
@@ -50,10 +51,12 @@ def _prompts(st: ServerState, req: P.CompletionRequest) -> list[Prompt]:
         items = [p]
     else:
         items = list(p)
+    check_prompt_bytes(st, max((len(x.encode("utf-8", "surrogatepass")) for x in items if isinstance(x, str)),
+                               default=0), param="prompt")
     out = []
     for item in items:
         if isinstance(item, str):
-            ids = st.prompts.encode(item)
+            ids = await offload(st.prompts.encode, item)
             if not ids:
                 raise bad_request("a prompt encodes to no tokens", param="prompt")
             out.append(Prompt(ids=ids, text=item))

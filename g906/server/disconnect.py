@@ -27,6 +27,9 @@ async def race_disconnect(request: Request, coro):
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         return Response(status_code=499)
+    except asyncio.CancelledError:
+        task.cancel()     # the server cut this request off (shutdown): its engine requests stop too
+        raise
     finally:
         watcher.cancel()
         await asyncio.gather(watcher, return_exceptions=True)

@@ -17,6 +17,7 @@ _TYPES = {
     401: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
     500: "server_error",
@@ -40,6 +41,11 @@ class APIError(Exception):
 
     def response(self, extra_headers: dict[str, str] | None = None) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers={**self.headers, **(extra_headers or {})})
+
+
+class ClientGone(Exception):
+    """The client went away before its request was read: nobody to answer, nothing to log
+    beyond a line at debug level."""
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -73,6 +79,11 @@ async def http_error_response(request: Request, exc: HTTPException) -> Response:
     return APIError(exc.status_code, exc.detail or "error", code=None).response(dict(exc.headers or {}))
 
 
+async def client_gone_response(request: Request, exc: ClientGone) -> Response:
+    log.debug("%s %s: %s", request.method, request.url.path, exc)
+    return Response(status_code=499)     # nginx's "client closed request"; nobody receives it
+
+
 async def internal_error_response(request: Request, exc: Exception) -> Response:
     from g906.engine.async_engine import EngineDead
 
@@ -87,5 +98,6 @@ async def internal_error_response(request: Request, exc: Exception) -> Response:
 
 
 EXCEPTION_HANDLERS = {
-    APIError: api_error_response, HTTPException: http_error_response, Exception: internal_error_response,
+    APIError: api_error_response, HTTPException: http_error_response, ClientGone: client_gone_response,
+    Exception: internal_error_response,
 }

@@ -93,7 +93,8 @@ def _admission():
     except QueueFull as exc:
         raise APIError(503, str(exc), code="queue_full", headers={"Retry-After": "1"}) from None
     except EngineDead as exc:
-        raise APIError(503, str(exc), code="engine_unavailable") from None
+        code = "server_shutting_down" if "shutting down" in str(exc) else "engine_unavailable"
+        raise APIError(503, str(exc), code=code) from None
     except ValueError as exc:
         raise bad_request(str(exc), code="context_length_exceeded" if "max_model_len" in str(exc) else None) from None
 
@@ -104,11 +105,17 @@ def admit(st: ServerState, greq: GenerationRequest) -> None:
     from g906.engine.sampling_params import SamplingParams
 
     eng = st.engine
+    capacity = eng.max_waiting_requests + eng.engine.config.max_num_seqs
+    total_n = sum(params.n for params in greq.params)
+    if total_n > capacity:   # never fits, however long the client waits: not a 503 to retry
+        raise bad_request(
+            f"the request asks for {total_n} sequences ({len(greq.prompts)} prompt(s) x n={greq.n}), more than "
+            f"this server can ever hold at once ({capacity}: max_waiting_requests {eng.max_waiting_requests} + "
+            f"max_num_seqs {eng.engine.config.max_num_seqs})", param="n", code="too_many_sequences")
     with _admission():
         for p, params in zip(greq.prompts, greq.params):
             eng.check(p.ids, params)
         if len(greq.prompts) > 1:   # room in the queue for the whole batch, not just for each prompt alone
-            total_n = sum(params.n for params in greq.params)
             eng.check(greq.prompts[0].ids, SamplingParams(n=total_n, max_tokens=1))
 
 

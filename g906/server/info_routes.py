@@ -55,4 +55,4 @@ async def version(request: Request) -> Response:
 async def openapi(request: Request) -> Response:
     from g906.server.openapi import openapi_document
 
-    return JSONResponse(openapi_document())
+    return JSONResponse(openapi_document(auth=bool(state_of(request).api_key)))

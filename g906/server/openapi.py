@@ -19,25 +19,27 @@ def _ref(name: str) -> dict:
 
 def _errors(*statuses: int) -> dict:
     text = {400: "Bad parameters (unknown model, prompt too long, wrong types or ranges).",
-            401: "Missing or wrong API key.", 413: "Request body too large.",
+            401: "Missing or wrong API key.", 408: "The request body did not arrive in time.",
+            413: "Request body too large.",
             503: "Not ready, or the request queue is full."}
     return {str(s): {"description": text[s], "content": {"application/json": {"schema": _ref("ErrorResponse")}}}
             for s in statuses}
 
 
-@lru_cache(maxsize=1)
-def openapi_document() -> dict:
+@lru_cache(maxsize=2)
+def openapi_document(auth: bool = True) -> dict:
+    """auth: whether the server asks for an API key (the document declares bearer auth only then)."""
     models = [(P.ChatCompletionRequest, "validation"), (P.CompletionRequest, "validation")]
     models += [(m, "serialization") for m in (
         P.ChatCompletionResponse, P.ChatCompletionChunk, P.CompletionResponse, P.ModelList, P.ModelCard,
         P.ErrorResponse, P.VersionInfo, P.HealthInfo)]
     _, top = models_json_schema(models, ref_template=_REF)
     schemas = top.get("$defs", {})
-    security = [{"bearer": []}]
+    security = [{"bearer": []}] if auth else []
 
     def post(op, summary, req, resp, chunk):
         return {"post": {
-            "operationId": op, "summary": summary, "security": security,
+            "operationId": op, "summary": summary, **({"security": security} if auth else {}),
             "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(req)}}},
             "responses": {
                 "200": {"description": f"A {resp} object, or (stream=true) server-sent events of {chunk} "
@@ -47,14 +49,14 @@ def openapi_document() -> dict:
                         "headers": {"x-g906-ignored-fields": {
                             "description": "Request fields that were accepted but are not implemented.",
                             "schema": {"type": "string"}}}},
-                **_errors(400, 401, 413, 503),
+                **_errors(400, *((401,) if auth else ()), 408, 413, 503),
             }}}
 
     def get(op, summary, resp, *, auth=False, media="application/json", errors=()):
         content = {media: {"schema": _ref(resp) if resp else {"type": "string"}}}
         op_ = {"operationId": op, "summary": summary,
                "responses": {"200": {"description": summary, "content": content}, **_errors(*errors)}}
-        if auth:
+        if auth and security:
             op_["security"] = security
         return {"get": op_}
 
@@ -63,14 +65,15 @@ def openapi_document() -> dict:
                                      "ChatCompletionResponse", "ChatCompletionChunk"),
         "/v1/completions": post("createCompletion", "Text completion", "CompletionRequest",
                                 "CompletionResponse", "CompletionResponse"),
-        "/v1/models": get("listModels", "The served model", "ModelList", auth=True, errors=(401,)),
+        "/v1/models": get("listModels", "The served model", "ModelList", auth=True,
+                          errors=(401,) if auth else ()),
         "/v1/models/{model_id}": {"get": {
-            "operationId": "retrieveModel", "summary": "One model", "security": security,
+            "operationId": "retrieveModel", "summary": "One model", **({"security": security} if auth else {}),
             "parameters": [{"name": "model_id", "in": "path", "required": True, "schema": {"type": "string"}}],
             "responses": {"200": {"description": "The model", "content": {"application/json": {"schema": _ref("ModelCard")}}},
                           "404": {"description": "No such model",
                                   "content": {"application/json": {"schema": _ref("ErrorResponse")}}},
-                          **_errors(401)}}},
+                          **_errors(*((401,) if auth else ()))}}},
         "/health": get("health", "200 when the model is loaded and warmed up, 503 before", "HealthInfo", errors=(503,)),
         "/metrics": get("metrics", "Prometheus metrics", None, media="text/plain"),
         "/version": get("version", "Server version", "VersionInfo"),
@@ -80,5 +83,5 @@ def openapi_document() -> dict:
         "info": {"title": "g906 OpenAI-compatible API", "version": __version__},
         "paths": paths,
         "components": {"schemas": schemas,
-                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+                       **({"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}} if auth else {})},
     }

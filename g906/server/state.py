@@ -11,6 +11,7 @@ from starlette.requests import Request
 from g906.server.metrics import Metrics
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+DEFAULT_BODY_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -19,6 +20,7 @@ class ServerState:
     reasoning_parser: str = "none"       # a name in g906/server/parsers ("none", "auto" or registered)
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     architecture: str | None = None      # the model's (g906/arch name): picks the parsers named "auto"
     engine: Any = None                   # AsyncEngine, once ready
     prompts: Any = None                  # PromptBuilder
@@ -27,6 +29,7 @@ class ServerState:
     engine_info: dict = field(default_factory=dict)
     _logged_ignored: set = field(default_factory=set)
     metrics: Metrics | None = None
+    max_token_bytes: int | None = None   # the longest vocabulary entry (cpu_work.check_prompt_bytes)
 
     def __post_init__(self) -> None:
         if self.metrics is None:
@@ -37,6 +40,7 @@ class ServerState:
         self.engine = engine
         self.prompts = prompts
         self.engine_info = info or {}
+        self.max_token_bytes = longest_token_bytes(getattr(prompts, "tokenizer", None))
         self.status = "ok"
 
     def set_failed(self, detail: str) -> None:
@@ -46,6 +50,21 @@ class ServerState:
     @property
     def max_model_len(self) -> int | None:
         return self.engine.engine.max_model_len if self.engine is not None else None
+
+
+def longest_token_bytes(tokenizer) -> int | None:
+    """The UTF-8 length of the longest vocabulary entry (byte-level entries are counted as their
+    mapped characters, which only overestimates it); None when the vocabulary cannot be read.
+    A text of B bytes is at least B / (this x normalisation shrink) tokens long."""
+    backend = getattr(tokenizer, "backend", tokenizer)
+    get_vocab = getattr(backend, "get_vocab", None)
+    if not callable(get_vocab):
+        return None
+    try:
+        vocab = get_vocab()
+    except Exception:  # noqa: BLE001 - a tokenizer without a readable vocabulary: no byte check
+        return None
+    return max((len(t.encode("utf-8", "surrogatepass")) for t in vocab), default=None) or None
 
 
 def state_of(request: Request) -> ServerState:

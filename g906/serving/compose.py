@@ -43,6 +43,7 @@ def load_model_from_plan(plan: Plan, *, dtype: str | None = None, device: str | 
 
     args = model_args_from_plan(plan)
     kw = args.load_kwargs()
+    kw["max_model_len"] = plan.max_model_len
     if dtype is not None:
         kw["dtype"] = dtype
     if device is not None:
@@ -127,5 +128,6 @@ def build_app(plan: Plan) -> tuple[Any, ServerState]:
     from g906.server.app import ServerState, create_app
 
     state = ServerState(served_model_name=plan.served_model_name, reasoning_parser=plan.reasoning_parser,
-                        api_key=api_key_from_env(plan), max_body_bytes=max_body_bytes())
+                        api_key=api_key_from_env(plan), max_body_bytes=max_body_bytes(),
+                        body_timeout_s=plan.recipe.server.body_timeout_s)
     return create_app(state), state

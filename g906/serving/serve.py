@@ -62,8 +62,10 @@ class DrainingServer:
     first signal stops accepting and lets in-flight requests finish; a second one forces exit."""
 
     def __init__(self, app, sock: socket.socket, *, drain_timeout: float = DRAIN_TIMEOUT,
-                 log_level: str = "warning"):
+                 log_level: str = "warning", header_timeout_s: float = 10.0, max_connections: int | None = None):
         import uvicorn
+
+        from g906.serving.http_limits import guarded_protocol
 
         outer = self
 
@@ -90,7 +92,8 @@ class DrainingServer:
                         signal.signal(s, h)
 
         config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=drain_timeout, timeout_keep_alive=5)
+                                timeout_graceful_shutdown=drain_timeout, timeout_keep_alive=5,
+                                http=guarded_protocol(header_timeout_s), limit_concurrency=max_connections)
         self.server = Server(config)
         self.sock = sock
         self.signalled: int | None = None
@@ -136,7 +139,9 @@ def serve_plan(plan: Plan, *, host: str | None = None, port: int | None = None, 
     app, state = build_app(plan)
     sock = bind(host, port)
     url = base_url(host, sock.getsockname()[1])
-    server = DrainingServer(app, sock, drain_timeout=drain_timeout)
+    srv = plan.recipe.server
+    server = DrainingServer(app, sock, drain_timeout=drain_timeout, header_timeout_s=srv.header_timeout_s,
+                            max_connections=srv.max_connections)
     failure: list[BaseException] = []
     holder: dict[str, Any] = {}
 

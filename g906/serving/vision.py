@@ -1,5 +1,5 @@
 """The vision runtime a Plan asks for: the tower from the mmproj GGUF (or the HF checkpoint),
-limits from the recipe's multimodal.image, allowed local image folders from the environment."""
+limits from the recipe's multimodal.image (and image_fetch), allowed local image folders from the environment."""
 
 from __future__ import annotations
 
@@ -11,6 +11,18 @@ from g906.serving.engine_config import model_source
 if TYPE_CHECKING:
     from g906.engine.vision.runtime import VisionRuntime
     from g906.recipe.plan import Plan
+
+
+def fetch_policy(plan: Plan):
+    """The recipe's multimodal.image_fetch as the engine's FetchPolicy (None: remote images off)."""
+    from g906.engine.vision.fetch import FetchPolicy
+
+    f = plan.recipe.multimodal.image_fetch
+    if not f.allowed_hosts:
+        return None
+    return FetchPolicy(allowed_hosts=tuple(f.allowed_hosts), schemes=tuple(f.schemes), timeout_s=f.timeout_s,
+                       max_bytes=f.max_bytes, allow_private_networks=f.allow_private_networks,
+                       max_concurrent=f.max_concurrent)
 
 
 def vision_from_plan(plan: Plan, loaded) -> VisionRuntime | None:
@@ -36,5 +48,5 @@ def vision_from_plan(plan: Plan, loaded) -> VisionRuntime | None:
     vision = load_vision(source, mmproj=mmproj, text_config=loaded.config, tokenizer=loaded.tokenizer,
                          dtype=dtype, device=device, required=True)
     vision.configure_limits(count=lim.count, width=lim.width, height=lim.height,
-                            allowed_local_dirs=allowed_local_dirs_from_env())
+                            allowed_local_dirs=allowed_local_dirs_from_env(), fetch=fetch_policy(plan))
     return vision

@@ -66,50 +66,6 @@ def test_local_paths(tmp_path):
         load_image(str(tmp_path / "nope.png"), ImageLimits(allowed_local_dirs=[tmp_path]))
 
 
-@pytest.fixture(scope="module")
-def http_server():
-    big = png_bytes(300, 300, seed=1)
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            if self.path == "/slow.png":
-                time.sleep(2)
-            body = {"/a.png": PNG, "/big.png": big, "/slow.png": PNG}.get(self.path)
-            if body is None:
-                self.send_response(404)
-                self.end_headers()
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", "image/png")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            try:
-                self.wfile.write(body)
-            except OSError:  # the client gave up (the timeout test)
-                pass
-
-        def log_message(self, *a):
-            pass
-
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}"
-    srv.shutdown()
-
-
-def test_http(http_server):
-    assert load_image(http_server + "/a.png").size == (40, 30)
-    with pytest.raises(ImageError, match="answered HTTP 404"):
-        load_image(http_server + "/missing.png")
-    with pytest.raises(ImageError, match="more than the limit of 1000"):
-        load_image(http_server + "/big.png", ImageLimits(max_bytes=1000))
-    with pytest.raises(ImageError, match="took longer than 0.5 s"):
-        load_image(http_server + "/slow.png", ImageLimits(fetch_timeout_s=0.5))
-    with pytest.raises(ImageError, match="turned off"):
-        load_image(http_server + "/a.png", ImageLimits(allow_http=False))
-
-
 def test_content_parts():
     assert image_part_url({"type": "image_url", "image_url": {"url": "data:x"}}, "m") == "data:x"
     assert image_part_url({"type": "image_url", "image_url": "http://h/a.png"}, "m") == "http://h/a.png"

@@ -90,6 +90,9 @@ def test_bad_parts(vl_client):
         ({"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}, "not valid base64"),
         ({"type": "image_url", "image_url": {}}, "needs a URL"),
         ({"type": "image_url", "image_url": {"url": "/etc/passwd"}}, "local image paths are not allowed"),
+        # remote fetching is off unless the recipe lists hosts (multimodal.image_fetch)
+        ({"type": "image_url", "image_url": {"url": "http://169.254.169.254/latest/meta-data"}}, "turned off"),
+        ({"type": "image_url", "image_url": {"url": "http://127.0.0.1:1/x.png"}}, "turned off"),
         ({"type": "input_audio", "input_audio": {}}, "input_audio"),
     ]:
         with pytest.raises(openai.BadRequestError) as exc:

@@ -108,15 +108,16 @@ def test_force_installs_without_gfx906_with_a_loud_warning(fake_env, make_lib):
     assert sha(env.lib_dir / "librccl.so.1") == sha(other)
 
 
-def test_identical_library_is_refused(fake_env, gfx906_lib, stock_lib):
+def test_identical_library_is_nothing_to_do(fake_env, gfx906_lib, stock_lib):
     env = fake_env()
     t = target_of(env)
     install(gfx906_lib, t, probe=False)
-    with pytest.raises(G906Error, match="already this library"):
-        install(gfx906_lib, t, probe=False)
+    before = env.files()
+    res = install(gfx906_lib, t, probe=False)
+    assert res.action == "already_installed" and "nothing to do" in res.notes[0]
+    assert env.files() == before
     env2 = fake_env(gfx906_lib)                 # torch that already ships the same bytes
-    with pytest.raises(G906Error, match="already this library"):
-        install(gfx906_lib, target_of(env2), probe=False)
+    assert install(gfx906_lib, target_of(env2), probe=False).action == "already_installed"
 
 
 def test_upgrade_keeps_the_original_backup(fake_env, gfx906_lib, make_lib):

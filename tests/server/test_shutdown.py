@@ -76,6 +76,39 @@ def test_stream_outlasting_the_drain_ends_with_an_error_event_and_no_traceback(t
     assert len(lines) == 1 and "cut off" in lines[0] and "shutting down" in lines[0], err[-3000:]
 
 
+def test_non_streamed_request_outlasting_the_drain_gets_an_openai_503(tmp_path):
+    """The same for a request waiting for its full answer: a JSON 503 server_shutting_down (not
+    uvicorn's plain-text 500), one log line, no traceback, exit 0."""
+    import httpx
+
+    s = start_server(tmp_path, RECIPE, drain_timeout=DRAIN_S)
+    result = {}
+    try:
+        def call():
+            result["r"] = httpx.post(s.v1 + "/completions", timeout=60, json={
+                "model": "tiny", "prompt": "never stop", "max_tokens": 4000, "ignore_eos": True})
+
+        import threading
+
+        t = threading.Thread(target=call)
+        t.start()
+        time.sleep(1.0)               # the request is generating
+        s.proc.send_signal(signal.SIGTERM)
+        t.join(60)
+        code = s.proc.wait(60)
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+    err = s.stderr_path.read_text()
+    r = result["r"]
+    assert r.status_code == 503, (r.status_code, r.text[:300])
+    body = r.json()["error"]
+    assert body["code"] == "server_shutting_down" and body["type"] == "server_error", body
+    assert code == 0, err[-3000:]
+    assert "Traceback" not in err and "Exception in ASGI application" not in err, err[-3000:]
+    assert len([line for line in err.splitlines() if "cut off" in line]) == 1, err[-3000:]
+
+
 class _FakeRequestStream:
     def __init__(self):
         self.closed = 0

@@ -29,6 +29,7 @@ and how the loader undoes it (details and sources in docs/engine-gguf.md):
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -128,14 +129,51 @@ def _open_reader(path: Path):
             f"{path}: truncated or corrupt GGUF file ({size} bytes): {exc}",
             hint="an interrupted download? compare the size with the source and download it again",
         ) from None
+    _check_tensor_extents(path, reader, size)
+    return reader
+
+
+def _check_tensor_extents(path: Path, reader, size: int) -> None:
+    """Every tensor lies inside the file, at an aligned offset, with the size its shape and type
+    give. The gguf package adds offsets as 64-bit numpy integers, so an offset near 2**64 wraps
+    around to a small, valid-looking one: this recomputes everything from the raw fields with
+    Python integers (which do not overflow)."""
+    import gguf
+
+    align = int(reader.alignment)
+    start = int(reader.data_offset)
+    spans = []
     for t in reader.tensors:
-        end = int(t.data_offset) + int(t.n_bytes)
-        if end > size:
+        rel = int(t.field.parts[-1][0])                      # the offset as stored (uint64)
+        dims = [int(d) for d in t.field.parts[3]]
+        if rel % align:
+            raise G906Error(f"{path}: tensor {t.name} starts at offset {rel}, which is not a multiple of the "
+                            f"file's alignment ({align})", hint="the file is corrupt: download it again")
+        n = math.prod(dims)
+        block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(int(t.tensor_type))]
+        if any(d < 0 for d in dims) or n % block:
+            raise G906Error(f"{path}: tensor {t.name} has an impossible shape {dims} for its type "
+                            f"{_ggml_type_name(int(t.tensor_type))}", hint="the file is corrupt: download it again")
+        end = start + rel + n * type_size // block
+        if end > size or int(t.n_bytes) != n * type_size // block:
             raise G906Error(
-                f"{path}: truncated: tensor {t.name} ends at byte {end} but the file has {size}",
+                f"{path}: truncated or corrupt: tensor {t.name} would end at byte {end} but the file has {size}",
                 hint="download the file again",
             )
-    return reader
+        spans.append((start + rel, end, t.name))
+    spans.sort()
+    # GGUF writers (gguf-py, llama.cpp) lay tensors end to end, each padded to the alignment: two
+    # tensors sharing bytes, or bytes no tensor uses, mean a damaged table (a changed type or
+    # shape whose data would be read from the wrong place)
+    prev_end, prev = start, None
+    for begin, end, name in spans:
+        if begin < prev_end:
+            raise G906Error(f"{path}: tensors {prev} and {name} overlap in the file",
+                            hint="the file is corrupt: download it again")
+        if begin - prev_end >= align:
+            raise G906Error(f"{path}: {begin - prev_end} bytes before tensor {name} belong to no tensor: the "
+                            "file's tensor table is corrupt", hint="download the file again")
+        prev_end, prev = end, name
 
 
 def _field_value(field) -> Any:
@@ -284,7 +322,15 @@ class GGUFModelFile:
         from g906.engine.tokenizer import gguf_eos_token_ids
 
         shapes = {name: t.shape for name, t in self._tensors.items()}
-        cfg = _arch.config_from_gguf(self.metadata, shapes, str(self.path))
+        try:
+            cfg = _arch.config_from_gguf(self.metadata, shapes, str(self.path))
+        except G906Error as exc:
+            if str(self.path) in exc.message:
+                raise
+            raise G906Error(f"{self.path}: {exc.message}", hint=exc.hint) from None
+        except (TypeError, ValueError, ZeroDivisionError, AttributeError) as exc:
+            raise G906Error(f"{self.path}: a metadata value has the wrong type or is out of range "
+                            f"({type(exc).__name__}: {exc})", hint="the file is damaged") from None
         cfg.eos_token_ids = gguf_eos_token_ids(self.metadata)
         self._config = cfg
         return cfg
@@ -380,6 +426,10 @@ class GGUFModelFile:
             return Tokenizer.from_gguf_metadata(self.metadata)
         except G906Error as exc:
             raise G906Error(f"{self.path}: {exc.message}", hint=exc.hint) from None
+        except Exception as exc:  # noqa: BLE001 - the tokenizers library's own errors: a corrupt vocabulary
+            raise G906Error(f"{self.path}: the tokenizer in the metadata (tokenizer.ggml.tokens / "
+                            f"tokenizer.ggml.merges) is corrupt: {type(exc).__name__}: {exc}",
+                            hint="the file is damaged: download it again") from None
 
     def chat_template(self) -> str | None:
         v = self.metadata.get("tokenizer.chat_template")

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from g906.engine.vision.image import ImageError
@@ -56,13 +56,29 @@ def placeholder_text(vision=None) -> str:
     return VISION_START + IMAGE_PAD + VISION_END
 
 
-async def prepare_chat_images(vision, ids: list[int], urls: Sequence[str]) -> tuple[list[int], Any]:
-    """Fetch/decode/check/resize a chat request's images (in a worker thread) and expand the
-    prompt's placeholders. Raises ImageError (HTTP 400) for a text-only model, too many
-    images, or a bad image."""
+async def prepare_chat_images(vision, ids: list[int], urls: Sequence[str], *,
+                              run: Callable[..., Awaitable[Any]] | None = None) -> tuple[list[int], Any]:
+    """Fetch/decode/check/resize a chat request's images and expand the prompt's placeholders.
+    Remote images are fetched as coroutines under the fetch policy (fetch.py); decoding and
+    resizing run through `run(fn, *args)` (the server's worker pool; default: a thread).
+    Raises ImageError (HTTP 400) for a text-only model, too many images, or a bad image."""
+    from g906.engine.vision.fetch import fetch_remote, is_remote
+
     if vision is None:
         raise ImageError("this model does not take images (text only)",
                          hint="serve a multimodal model with multimodal.image set in the recipe")
     vision.check_count(len(urls))
-    prepared = await asyncio.to_thread(vision.prepare_images, list(urls))
+    policy = vision.limits.fetch
+
+    async def source(i: int, url: str):
+        what = f"image {i + 1}" if len(urls) > 1 else "image"
+        return await fetch_remote(url, policy, what=what) if is_remote(url) else url
+
+    tasks = [asyncio.ensure_future(source(i, u)) for i, u in enumerate(urls)]
+    try:
+        sources = await asyncio.gather(*tasks)
+    finally:   # one failed (or the client left): the other fetches stop too
+        for t in tasks:
+            t.cancel()
+    prepared = await (run or asyncio.to_thread)(vision.prepare_images, list(sources))
     return vision.expand(ids, prepared)

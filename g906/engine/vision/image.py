@@ -45,8 +45,8 @@ class ImageLimits:
     max_width: int | None = None
     max_height: int | None = None
     max_bytes: int = DEFAULT_MAX_IMAGE_BYTES
-    fetch_timeout_s: float = DEFAULT_FETCH_TIMEOUT_S
-    allow_http: bool = True
+    # remote (http/https) images: None refuses them (g906/engine/vision/fetch.py: FetchPolicy)
+    fetch: Any = None
     # local files: None refuses them; a list of directories allows files under them; ["/"] all
     allowed_local_dirs: list[Path] | None = None
 
@@ -85,10 +85,11 @@ def fetch_image_bytes(url: str, limits: ImageLimits | None = None, *, what: str 
         return _data_url_bytes(url, lim, what)
     low = url.lower()
     if low.startswith(("http://", "https://")):
-        if not lim.allow_http:
+        if lim.fetch is None:
             raise ImageError(f"{what}: fetching images over http(s) is turned off on this server",
-                             hint="send the image inline as a data: URL (base64)")
-        return _http_bytes(url, lim, what)
+                             hint="send the image inline as a data: URL (base64); an operator can allow image "
+                             "hosts with multimodal.image_fetch.allowed_hosts in the recipe")
+        return lim.fetch.fetch_sync(url, what=what)
     if low.startswith("file://"):
         path = url[7:]
     elif re.match(r"^[a-z][a-z0-9+.-]*://", low):
@@ -141,31 +142,6 @@ def _file_bytes(p: Path, lim: ImageLimits, what: str) -> bytes:
         return real.read_bytes()
     except OSError as exc:
         raise ImageError(f"{what}: cannot read {p}: {exc.strerror or exc}") from None
-
-
-def _http_bytes(url: str, lim: ImageLimits, what: str) -> bytes:
-    import httpx
-
-    try:
-        with httpx.Client(timeout=lim.fetch_timeout_s, follow_redirects=True, max_redirects=3) as client:
-            with client.stream("GET", url) as resp:
-                if resp.status_code != 200:
-                    raise ImageError(f"{what}: fetching {_describe(url)} answered HTTP {resp.status_code}")
-                declared = resp.headers.get("content-length")
-                if declared and declared.isdigit() and int(declared) > lim.max_bytes:
-                    raise ImageError(f"{what}: {_describe(url)} is {declared} bytes, more than the limit of "
-                                     f"{lim.max_bytes}")
-                chunks, total = [], 0
-                for chunk in resp.iter_bytes():
-                    total += len(chunk)
-                    if total > lim.max_bytes:
-                        raise ImageError(f"{what}: {_describe(url)} is larger than the limit of {lim.max_bytes} bytes")
-                    chunks.append(chunk)
-                return b"".join(chunks)
-    except httpx.TimeoutException:
-        raise ImageError(f"{what}: fetching {_describe(url)} took longer than {lim.fetch_timeout_s:g} s") from None
-    except httpx.HTTPError as exc:
-        raise ImageError(f"{what}: cannot fetch {_describe(url)}: {exc}") from None
 
 
 # -------------------------------------------------------------------------------------------
