@@ -25,6 +25,7 @@ COMMAND_MODULES: list[str] = [
     "g906.cli.recipe",
     "g906.cli.rccl",
     "g906.cli.up",
+    "g906.cli.pull",
     "g906.cli.generate",
     "g906.cli.bench",
 ]
