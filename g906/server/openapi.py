@@ -27,7 +27,10 @@ def _errors(*statuses: int) -> dict:
 
 @lru_cache(maxsize=1)
 def openapi_document() -> dict:
-    models = [(P.ChatCompletionRequest, "validation"), (P.CompletionRequest, "validation")]
+    from g906.server import tokenize_routes
+
+    models = [(P.ChatCompletionRequest, "validation"), (P.CompletionRequest, "validation"),
+              *tokenize_routes.OPENAPI_MODELS]
     models += [(m, "serialization") for m in (
         P.ChatCompletionResponse, P.ChatCompletionChunk, P.CompletionResponse, P.ModelList, P.ModelCard,
         P.ErrorResponse, P.VersionInfo, P.HealthInfo)]
@@ -74,6 +77,8 @@ def openapi_document() -> dict:
         "/health": get("health", "200 when the model is loaded and warmed up, 503 before", "HealthInfo", errors=(503,)),
         "/metrics": get("metrics", "Prometheus metrics", None, media="text/plain"),
         "/version": get("version", "Server version", "VersionInfo"),
+        "/ping": get("ping", "The same answer as /health", "HealthInfo", errors=(503,)),
+        **tokenize_routes.openapi_paths(_ref, _errors),
     }
     return {
         "openapi": "3.1.0",
