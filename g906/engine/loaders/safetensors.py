@@ -94,9 +94,10 @@ class HFModelDir:
 
     def weights(self, progress: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, tensor) for every text-model tensor, memory-mapped (copied on conversion)."""
-        total = self.total_bytes
-        bar = _Progress(total, f"loading {self.path.name}") if progress else None
-        try:
+        from g906.engine.progress import Step
+
+        with Step(f"Loading {self.path.name}", total=self.total_bytes, unit="bytes", count_noun="tensors",
+                  enabled=progress) as step:
             for fname, names in self.files.items():
                 fpath = self.path / fname
                 with self._open(fpath) as f:
@@ -115,12 +116,8 @@ class HFModelDir:
                             raise G906Error(
                                 f"{fpath}: tensor {name} has dtype {t.dtype}; only F32, F16 and BF16 are supported"
                             )
-                        if bar:
-                            bar.advance(t.numel() * t.element_size())
                         yield name, t
-        finally:
-            if bar:
-                bar.close()
+                        step.advance(t.numel() * t.element_size(), count=1)
 
     def tokenizer(self):
         """The directory's tokenizer (g906.engine.tokenizer), or None when it has no
@@ -149,32 +146,3 @@ class HFModelDir:
                 if isinstance(tmpl, str):
                     return tmpl
         return None
-
-
-class _Progress:
-    """A rich progress bar over bytes, shown only for large models on a terminal."""
-
-    def __init__(self, total: int, label: str, min_bytes: int = 256 << 20):
-        self._p = None
-        if total < min_bytes:
-            return
-        try:
-            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self._p = Progress(
-                TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-                transient=True,
-            )
-            self._p.start()
-            self._task = self._p.add_task(label, total=total)
-        except Exception:
-            self._p = None
-
-    def advance(self, n: int) -> None:
-        if self._p is not None:
-            self._p.advance(self._task, n)
-
-    def close(self) -> None:
-        if self._p is not None:
-            self._p.stop()
-            self._p = None
