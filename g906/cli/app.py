@@ -15,7 +15,7 @@ app = typer.Typer(
     help="Serve Qwen3.5-family LLMs on AMD gfx906 GPUs with one checked command.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,
 )
 
 # Each module defines register(app). Keep imports in them light: no torch at import time.

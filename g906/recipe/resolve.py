@@ -186,7 +186,7 @@ def _resolve_model(cx: _Ctx, recipe: Recipe, images_on: bool) -> _Model:
         if hub_id:
             (cx.errors if cx.check_files else cx.warnings)[-1].help = (
                 f"no such file or folder, and {spec} is not in the Hugging Face cache either: "
-                f"`g906 pull {spec}` downloads it (`g906 up {spec}` too)")
+                f"`g906 pull {spec}` (or `hf download {spec.repo_id}`) fetches it; `g906 up {spec}` does too")
         gguf = p.suffix.lower() == ".gguf"
         mmproj = recipe.model.mmproj.strip()
         if gguf and mmproj not in ("auto", "none"):

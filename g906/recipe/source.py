@@ -27,7 +27,7 @@ from g906.recipe.schema import Recipe
 FLAG_KEYS: dict[str, str] = {
     "--host": "server.host",
     "--port": "server.port",
-    "--api-key-env": "server.api_key_env",
+    "--api-key": "server.api_key_env",
     "--served-model-name": "model.name",
     "--max-model-len": "limits.max_model_len",
     "--max-num-seqs": "limits.max_num_seqs",
@@ -36,10 +36,6 @@ FLAG_KEYS: dict[str, str] = {
     "--allowed-origins": "server.allowed_origins",
     "--log-level": "server.log_level",
     "--access-log": "server.access_log",
-    "--dtype": "model.dtype",
-    "--chat-template": "model.chat_template",
-    "--enforce-eager": "engine.enforce_eager",
-    "--reasoning-parser": "engine.reasoning_parser",
 }
 
 
