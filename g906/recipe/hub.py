@@ -13,12 +13,16 @@ HF_HUB_OFFLINE=1 works once the files are there. A GGUF source resolves to the f
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from g906.errors import G906Error
+
+log = logging.getLogger("g906.progress")
 
 _REPO_RE = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 # llama.cpp's quant names as they appear in GGUF file names (and as `-hf repo:QUANT` takes them)
@@ -186,7 +190,12 @@ def fetch_model(spec: HubSpec, *, token: str | None = None) -> Path:
     try:
         files = HfApi(token=token).list_repo_files(spec.repo_id, revision=spec.revision)
         kind, wanted = _wanted(spec, files)
+        log.info("Downloading %s: %d file(s) into the Hugging Face cache", spec, len(wanted))
+        t0 = time.perf_counter()
         snap = Path(snapshot_download(spec.repo_id, revision=spec.revision, allow_patterns=wanted, token=token))
+        size = sum((snap / f).stat().st_size for f in wanted if (snap / f).is_file())
+        log.info("Downloaded %s: %d file(s), %.1f MiB in %.1fs (%s)", spec, len(wanted), size / 2**20,
+                 time.perf_counter() - t0, snap)
     except GatedRepoError:
         raise HubError(f"{spec.repo_id} is a gated repo: accept its licence on huggingface.co first",
                        hint="then log in with `hf auth login` (or set HF_TOKEN)") from None
