@@ -17,8 +17,10 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print {model, path} as JSON."),
     ) -> None:
         """Download a model into the Hugging Face cache (HF_HOME); `g906 up ORG/NAME` then starts offline."""
+        from g906.cli.up import _setup_logging
         from g906.recipe.hub import fetch_model, parse_hub_id
 
+        _setup_logging()           # the download's summary line
         spec = parse_hub_id(model)
         if spec is None:
             raise UsageError(f"{model!r} is not a Hugging Face Hub id",

@@ -142,7 +142,7 @@ def print_plan(plan, *, as_json: bool, rccl=None, command: str | None = None) ->
     if as_json:
         print_json(d)
         return
-    console.print(f"[bold]Plan[/] for {d['recipe'] or '(recipe)'}")
+    console.print(f"[bold]Plan[/] for {d['recipe'] or plan.model_source + ' (no recipe: the defaults)'}", markup=True)
     for section in ("model", "devices", "memory", "engine", "server"):
         console.print(f"[bold cyan]{section}[/]")
         for k, v in d[section].items():
