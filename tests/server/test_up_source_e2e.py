@@ -225,5 +225,7 @@ def test_hub_id_from_the_hf_cache_offline(tiny_model_dir, tmp_path):
         r = httpx.get(s.v1 + "/models", headers={"Authorization": "Bearer sekret"}, timeout=10)
         assert [c["id"] for c in r.json()["data"]] == ["tiny-org/tiny-qwen35"]
         assert "access-control-allow-origin" not in r.headers                # no CORS unless asked
+        err = s.stderr_path.read_text()
+        assert re.search(r"Loading tiny-org/tiny-qwen35: \d+ tensors, [\d.]+ [KMG]?i?B in [\d.]+s", err), err[-2000:]
     finally:
         assert stop_server(s) == 0, s.stderr_path.read_text()[-3000:]

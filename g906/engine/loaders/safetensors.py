@@ -96,7 +96,7 @@ class HFModelDir:
         """(name, tensor) for every text-model tensor, memory-mapped (copied on conversion)."""
         from g906.engine.progress import Step
 
-        with Step(f"Loading {self.path.name}", total=self.total_bytes, unit="bytes", count_noun="tensors",
+        with Step(f"Loading {_display_name(self.path)}", total=self.total_bytes, unit="bytes", count_noun="tensors",
                   enabled=progress) as step:
             for fname, names in self.files.items():
                 fpath = self.path / fname
@@ -146,3 +146,12 @@ class HFModelDir:
                 if isinstance(tmpl, str):
                     return tmpl
         return None
+
+
+def _display_name(path) -> str:
+    """A model folder's name for people: org/name for a Hugging Face cache snapshot
+    (models--org--name/snapshots/<commit>), else the folder's own name."""
+    parent = path.parent
+    if parent.name == "snapshots" and parent.parent.name.startswith("models--"):
+        return parent.parent.name[len("models--"):].replace("--", "/")
+    return path.name
