@@ -13,6 +13,7 @@ is reported as the missing file it is. No torch here."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from pydantic import ValidationError
 
 from g906.errors import UsageError
 from g906.recipe.hub import HubSpec, parse_hub_id
+from g906.recipe.scaffold import toml_value
 from g906.recipe.schema import Recipe
 
 # command-line flag -> recipe key (section.key): vLLM's `serve` names for the same settings
@@ -127,8 +129,6 @@ def _deep_copy(d: Any) -> Any:
 
 def recipe_toml(data: dict[str, Any], header: str | None = None) -> str:
     """A recipe's data as TOML text (tables in the schema's order; nested tables as [a.b])."""
-    from g906.recipe.scaffold import toml_value
-
     order = list(Recipe.model_fields)
     lines: list[str] = [f"# {line}" for line in (header or "").splitlines()]
 
@@ -156,8 +156,6 @@ def _inline(key: str, value: dict) -> bool:
 
 
 def _key(k: str) -> str:
-    import re
-
     return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else toml_value(k)
 
 
