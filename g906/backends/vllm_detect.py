@@ -21,7 +21,7 @@ from typing import Literal
 from g906.backends.errors import VllmNotFoundError, VllmProbeError
 from g906.backends.vllm_help import FlagInfo, canonical_flag, mm_limit_format, parse_serve_help
 
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 CLI_MODULE = "vllm.entrypoints.cli.main"
 DEFAULT_PROBE_TIMEOUT_S = 300.0
 
@@ -80,7 +80,7 @@ class VllmInstall:
     flags: dict[str, FlagInfo] = field(default_factory=dict)   # canonical option string -> entry
     source: Literal["executable", "python"] = "executable"
     python: str | None = None               # interpreter that runs it, when known
-    help_mode: str = "all"                  # "all" (--help=all) or "plain" (--help)
+    help_mode: str = "all"                  # "argparse" (its parser), "all" (--help=all) or "plain" (--help)
     reasoning_parsers: list[str] = field(default_factory=list)  # names found in its source (may be partial)
     # Set when no vLLM was found and a dry run stands in the newest one g906 knows (vllm_assumed.py):
     # the sentence that tells the user so. Such an install is never cached.
@@ -264,7 +264,16 @@ _MEMO: dict[str, VllmInstall] = {}
 # --------------------------------------------------------------------------- detection
 
 
-def _read_flags(command: list[str], timeout: float) -> tuple[dict[str, FlagInfo], str]:
+def _read_flags(command: list[str], timeout: float, python: str | None = None) -> tuple[dict[str, FlagInfo], str]:
+    """vLLM's serve flags: from its argument parser when its interpreter is known (mode
+    "argparse", g906/backends/vllm_argparse.py), else (or when that fails) from its help text
+    ("all": --help=all, "plain": --help)."""
+    if python:
+        from g906.backends.vllm_argparse import read_argparse_flags
+
+        flags = read_argparse_flags(python, timeout, env=_probe_env())
+        if flags:
+            return flags, "argparse"
     cp = _run([*command, "serve", "--help=all"], timeout)
     flags = parse_serve_help(cp.stdout) if cp.returncode == 0 else {}
     if cp.returncode == 0 and len(flags) >= 8:
@@ -343,7 +352,9 @@ def detect_vllm(python: str | None = None, executable: str | None = None, *, ref
                 "vLLM must import cleanly in this environment; run the command yourself to see why it fails",
                 details=tail,
             )
-    flags, mode = _read_flags(command, timeout_s)
+    # vLLM's interpreter: the one named, or the one whose probe found a vllm package
+    interp = command[0] if source == "python" else ((probe or {}).get("python") if (probe or {}).get("pkgdir") else None)
+    flags, mode = _read_flags(command, timeout_s, python=interp)
     install = VllmInstall(command=command, version=version or "unknown", flags=flags, source=source,
                           python=(probe or {}).get("python") or (python and command[0]) or None,
                           help_mode=mode, reasoning_parsers=list((probe or {}).get("reasoning_parsers") or []))

@@ -15,7 +15,7 @@ app = typer.Typer(
     help="Serve Qwen3.5-family LLMs on AMD gfx906 GPUs with one checked command.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,
 )
 
 # Each module defines register(app). Keep imports in them light: no torch at import time.
@@ -25,6 +25,7 @@ COMMAND_MODULES: list[str] = [
     "g906.cli.recipe",
     "g906.cli.rccl",
     "g906.cli.up",
+    "g906.cli.pull",
     "g906.cli.generate",
     "g906.cli.bench",
 ]

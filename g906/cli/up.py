@@ -1,9 +1,12 @@
-"""`g906 up RECIPE [--dry-run] [--skip-doctor] [--port N] [--host H]`: serve a recipe.
+"""`g906 up SOURCE [--dry-run] [--print-recipe] [--port N] [--host H] [vLLM's serve flags]`: serve
+a recipe, or a model given directly (GGUF file, HF folder, Hub id, builtin:NAME) with a recipe
+synthesised from the defaults; the flags override the recipe keys of the same names.
 
 The pipeline (run_up), one step per function so that each can be tested and extended:
 
-    validate   load_and_resolve(path) -> Plan     recipe errors with file:line:col, exit 2;
-                                                  missing/bad model files are errors
+    validate   plan_for_source(SOURCE) -> Plan    recipe errors with file:line:col, exit 2;
+                                                  missing/bad model files are errors; Hub ids
+                                                  are fetched into the HF cache first
     dry-run    print the plan and stop
     preflight  preflight_hook(plan, facts)        the doctor's checks for this plan (--skip-doctor)
     vllm       vllm_hook(plan)                    engine.kind = "vllm" hands over here (supervised)
@@ -17,6 +20,7 @@ No torch at import time: serve_plan imports the engine once the port is bound.""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -27,7 +31,8 @@ import typer
 
 from g906.cli.output import console, err_console, print_json
 from g906.errors import G906Error, UsageError
-from g906.serving import DRAIN_TIMEOUT, load_and_resolve, serve_plan
+from g906.serving import DRAIN_TIMEOUT, serve_plan
+from g906.serving.source import plan_for_source, print_recipe_text
 
 log = logging.getLogger("g906.up")
 
@@ -137,7 +142,7 @@ def print_plan(plan, *, as_json: bool, rccl=None, command: str | None = None) ->
     if as_json:
         print_json(d)
         return
-    console.print(f"[bold]Plan[/] for {d['recipe'] or '(recipe)'}")
+    console.print(f"[bold]Plan[/] for {d['recipe'] or plan.model_source + ' (no recipe: the defaults)'}", markup=True)
     for section in ("model", "devices", "memory", "engine", "server"):
         console.print(f"[bold cyan]{section}[/]")
         for k, v in d[section].items():
@@ -169,10 +174,17 @@ def _warn(msg: str) -> None:
     err_console.print(msg, markup=False, soft_wrap=True)
 
 
-def run_up(recipe: Path, *, dry_run: bool = False, skip_doctor: bool = False, port: int | None = None,
+def run_up(source: str | Path, *, dry_run: bool = False, skip_doctor: bool = False, port: int | None = None,
            host: str | None = None, as_json: bool = False, assume_yes: bool = False,
-           facts_file: Path | None = None, drain_timeout: float = DRAIN_TIMEOUT) -> int:
-    plan = load_and_resolve(recipe)                       # validate -> plan (g906.serving)
+           facts_file: Path | None = None, drain_timeout: float = DRAIN_TIMEOUT,
+           overrides: dict[str, Any] | None = None, print_recipe: bool = False) -> int:
+    # port 0 (any free port) is for this run only: a recipe's port is a real one
+    over = {**(overrides or {}), "server.host": host, "server.port": port or None}
+    if print_recipe:                                      # the recipe it would serve; nothing loaded
+        sys.stdout.write(print_recipe_text(str(source), over))
+        return 0
+    plan, _ = plan_for_source(str(source), over, download=not dry_run)   # validate -> plan
+    _setup_logging(plan.recipe.server.log_level)
     needs_facts = not skip_doctor or plan.tensor_parallel_size > 1
     if dry_run:
         if plan.engine_kind == "vllm":
@@ -188,12 +200,12 @@ def run_up(recipe: Path, *, dry_run: bool = False, skip_doctor: bool = False, po
     if status is not None:                                # handed over to vLLM
         return status
     rccl_hook(plan, facts, assume_yes=assume_yes, dry_run=False)   # TP > 1 on gfx906
-    return serve_plan(plan, host=host, port=port, drain_timeout=drain_timeout,   # load -> warm up -> serve
-                      say=_say, warn=_warn)
+    return serve_plan(plan, port=port, drain_timeout=drain_timeout, say=_say, warn=_warn)   # load -> warm up -> serve
 
 
-def _setup_logging() -> None:
-    level = logging.DEBUG if os.environ.get("G906_DEBUG") not in (None, "", "0") else logging.INFO
+def _setup_logging(log_level: str = "info") -> None:
+    debug = os.environ.get("G906_DEBUG") not in (None, "", "0")
+    level = logging.DEBUG if debug else getattr(logging, log_level.upper(), logging.INFO)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
     root = logging.getLogger("g906")
@@ -202,16 +214,73 @@ def _setup_logging() -> None:
     root.setLevel(level)
 
 
+def _origins(value: str | None) -> list[str] | None:
+    """--allowed-origins: a JSON list (as vLLM takes it) or comma-separated origins."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"--allowed-origins {value!r} is not a JSON list: {exc.msg}",
+                             hint='write it as \'["http://localhost:3000"]\' or as a comma-separated list') from None
+        if not isinstance(items, list) or not all(isinstance(x, str) for x in items):
+            raise UsageError(f"--allowed-origins {value!r}: a list of strings is expected")
+        return items
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _api_key_override(api_key: str | None) -> str | None:
+    """--api-key / G906_API_KEY: the key itself. The server reads keys from the environment
+    (server.api_key_env), so the key travels in G906_API_KEY of this process."""
+    if api_key is None:
+        return None
+    if not api_key.strip():
+        raise UsageError("--api-key is empty", hint="give a secret key, or leave the option out to serve without one")
+    os.environ[API_KEY_VAR] = api_key
+    return API_KEY_VAR
+
+
+API_KEY_VAR = "G906_API_KEY"
+
+
 def register(app: typer.Typer) -> None:
     @app.command("up")
     def up(
-        recipe: Path = typer.Argument(..., help="The recipe TOML file."),
+        source: str = typer.Argument(..., metavar="SOURCE",
+                                     help="A recipe TOML file, a GGUF file (the first part of a split set), a "
+                                     "Hugging Face model folder, a Hub id (org/name, org/name:REVISION, "
+                                     "org/name:Q4_K_M for GGUF repos) or builtin:NAME."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (files, format, dtype, devices, "
                                      "memory budget, engine) and exit."),
+        print_recipe: bool = typer.Option(False, "--print-recipe", help="Print the recipe SOURCE and the options "
+                                          "make (TOML) and exit; save it to keep the settings."),
         skip_doctor: bool = typer.Option(False, "--skip-doctor", help="Do not run the doctor's preflight checks."),
-        port: int | None = typer.Option(None, "--port", min=0, max=65535,
-                                        help="Port to listen on (overrides the recipe; 0 = any free port)."),
-        host: str | None = typer.Option(None, "--host", help="Address to bind (overrides the recipe)."),
+        port: int | None = typer.Option(None, "--port", min=0, max=65535, envvar="G906_PORT",
+                                        help="Port to listen on (server.port; 0 = any free port)."),
+        host: str | None = typer.Option(None, "--host", envvar="G906_HOST", help="Address to bind (server.host)."),
+        api_key: str | None = typer.Option(None, "--api-key", envvar=API_KEY_VAR, show_envvar=True,
+                                           help="Require this key as 'Authorization: Bearer KEY' on /v1/*."),
+        served_model_name: str | None = typer.Option(None, "--served-model-name",
+                                                     help="The model name clients send (model.name)."),
+        max_model_len: str | None = typer.Option(None, "--max-model-len",
+                                                 help='Context length in tokens, e.g. 8192 or "32k" (limits.max_model_len).'),
+        max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", min=1,
+                                                help="Most sequences decoded together (limits.max_num_seqs)."),
+        tensor_parallel_size: int | None = typer.Option(None, "--tensor-parallel-size", "-tp", min=1,
+                                                        help="GPUs the model is split over "
+                                                        "(parallel.tensor_parallel_size)."),
+        gpu_memory_utilization: float | None = typer.Option(None, "--gpu-memory-utilization",
+                                                            help="Fraction of each GPU's memory to use "
+                                                            "(limits.gpu_memory_utilization)."),
+        allowed_origins: str | None = typer.Option(None, "--allowed-origins",
+                                                   help='Origins allowed to call the API from a browser (CORS): '
+                                                   '\'["*"]\' or "http://a,http://b" (server.allowed_origins).'),
+        log_level: str | None = typer.Option(None, "--log-level", help="debug, info, warning, error or critical "
+                                             "(server.log_level)."),
+        access_log: bool | None = typer.Option(None, "--access-log/--no-access-log",
+                                               help="Log every HTTP request (server.access_log)."),
         as_json: bool = typer.Option(False, "--json", help="With --dry-run: print the plan as JSON."),
         yes: bool = typer.Option(False, "--yes", "-y", help="Install the recipe's gfx906 RCCL without asking "
                                  "(tensor_parallel_size > 1 on gfx906)."),
@@ -222,8 +291,22 @@ def register(app: typer.Typer) -> None:
                                             "Ctrl-C; streams still running then end with a "
                                             "server_shutting_down error event."),
     ) -> None:
-        """Serve a recipe: validate, plan, check, load, warm up, and serve the OpenAI API."""
+        """Serve a model: validate, plan, check, load, warm up, and serve the OpenAI API.
+
+        SOURCE needs no recipe: `g906 up model.gguf`, `g906 up ./hf-folder`, `g906 up org/name` synthesise one from the defaults (see it with --print-recipe). The options override the recipe keys of the same names, as `vllm serve` spells them."""
         _setup_logging()
-        code = run_up(recipe, dry_run=dry_run, skip_doctor=skip_doctor, port=port, host=host, as_json=as_json,
-                      assume_yes=yes, facts_file=facts, drain_timeout=drain_timeout)
+        overrides = {
+            "server.api_key_env": _api_key_override(api_key),
+            "model.name": served_model_name,
+            "limits.max_model_len": max_model_len,
+            "limits.max_num_seqs": max_num_seqs,
+            "parallel.tensor_parallel_size": tensor_parallel_size,
+            "limits.gpu_memory_utilization": gpu_memory_utilization,
+            "server.allowed_origins": _origins(allowed_origins),
+            "server.log_level": log_level.lower() if log_level else None,
+            "server.access_log": access_log,
+        }
+        code = run_up(source, dry_run=dry_run, skip_doctor=skip_doctor, port=port, host=host, as_json=as_json,
+                      assume_yes=yes, facts_file=facts, drain_timeout=drain_timeout, overrides=overrides,
+                      print_recipe=print_recipe)
         raise typer.Exit(code)

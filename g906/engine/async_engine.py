@@ -225,6 +225,9 @@ class RequestStream:
             self.live.discard(self.ids[index])
             if obs is not None:
                 obs.on_finish(out)
+                on_e2e = getattr(obs, "on_e2e", None)       # optional: end-to-end latency
+                if on_e2e is not None:
+                    on_e2e(now - self.start)
             if not self.live:
                 self._cleanup()
         return index, out

@@ -204,7 +204,10 @@ class DecodeGraphs:
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         # graph_launches: the kernels may start while their predecessor ends (g906/kernels/pdl.py)
-        with torch.cuda.stream(stream), graph_launches():
+        from g906.engine.progress import Step
+
+        with torch.cuda.stream(stream), graph_launches(), \
+                Step("Capturing decode graphs", total=len(self.batch_sizes), unit="graphs") as step:
             self.pdl = bool(pdl_args(self.device))
             for bs in reversed(self.batch_sizes):
                 self._forward(bs)              # compile / warm the kernels of this shape
@@ -214,6 +217,7 @@ class DecodeGraphs:
                     out = self._forward(bs)
                 pool = g.pool()
                 self.graphs[bs] = (g, out)
+                step.advance(1)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         torch.cuda.synchronize(self.device)
         self.cache.reset_slots([self.scratch_slot])

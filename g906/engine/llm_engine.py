@@ -130,6 +130,7 @@ class _Launched:
 class LLMEngine:
     @reported_as_g906_errors
     def __init__(self, loaded, config: EngineConfig | None = None, *, vision=None):
+        self.warm_up_decode_seconds: float | None = None    # set by warm_up(): one decode step's time
         self.loaded = loaded
         self.vision = vision  # VisionRuntime (g906/engine/vision) when the model takes images
         self.config = config = config or EngineConfig()
@@ -414,10 +415,17 @@ class LLMEngine:
                                       repetition_penalty=1.1, presence_penalty=0.1, logprobs=2,
                                       max_tokens=3, ignore_eos=True)),
         ]
+        from g906.engine.progress import Step
+
         for i, (ids, p) in enumerate(plans):
             self.add_request(f"__warmup-{i}", ids[: max(1, min(len(ids), self.max_model_len - 4))], p)
-        while self.has_unfinished_requests():
-            self.step()
+        with Step("Warming up (prefill, decode, sampler)", count_noun="engine steps") as step:
+            while self.has_unfinished_requests():
+                ts = time.perf_counter()
+                self.step()
+                # the last step decodes one token of each request: what a decode step costs here
+                self.warm_up_decode_seconds = time.perf_counter() - ts
+                step.advance(count=1)
         if self.cache.blocks.num_used_blocks or self.cache.slots.num_used:
             raise G906Error("internal error: the warm-up left cache blocks in use")
         return time.perf_counter() - t0

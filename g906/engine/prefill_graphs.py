@@ -236,10 +236,14 @@ class PrefillGraphs:
         stream = torch.cuda.Stream(dev)
         stream.wait_stream(torch.cuda.current_stream(dev))
         problem = None
+        from g906.engine.progress import Step
+
+        shapes = sorted(((t, r) for t in self.token_sizes for r in self.row_sizes), reverse=True)
         try:
-            with torch.cuda.stream(stream):
+            with torch.cuda.stream(stream), Step("Capturing prefill graphs", total=len(shapes), unit="graphs") as step:
                 pool = None
-                for shape in sorted(((t, r) for t in self.token_sizes for r in self.row_sizes), reverse=True):
+                for shape in shapes:
+                    step.advance(1)
                     rows = range(shape[1])
                     self.prepare([], [], rows, shape=shape)
                     self._forward(*shape)               # compile / warm the kernels of this shape

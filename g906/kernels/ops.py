@@ -295,3 +295,18 @@ def prepare_linear_weight(weight):
     if registry.mode() == "reference":
         return weight
     return repack.prepare(weight)
+
+
+def keep_dense_on_cpu(weight) -> bool:
+    """Dequantize a GGUF weight on the CPU once and keep its float32 matrix with it, for the
+    reference matmul to use on every call (g906/kernels/linear/reference.py). False when the
+    weight is not a CPU GGUF weight or G906_CPU_DEQUANT_CACHE=0."""
+    from .linear import reference
+
+    data = getattr(weight, "data", None)
+    if getattr(weight, "qtype", None) is None or not isinstance(data, torch.Tensor) or data.device.type != "cpu":
+        return False
+    if not reference.cpu_dequant_cache_enabled():
+        return False
+    reference.dense_weight(weight)
+    return True

@@ -55,6 +55,9 @@ class Plan:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key_env: str | None = None
+    allowed_origins: list[str] = field(default_factory=list)   # CORS; empty: none
+    log_level: str = "info"
+    access_log: bool = False
     env: dict[str, str] = field(default_factory=dict)
     # what resolve() could not settle: located one-line messages, and files that do not exist
     # (only with resolve(check_files=False); `g906 up` resolves with check_files=True)

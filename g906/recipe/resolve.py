@@ -13,7 +13,6 @@ from __future__ import annotations
 import difflib
 import errno
 import os
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from g906.recipe import registry
 from g906.recipe.errors import RecipeError, RecipeIssue, located_issue
 from g906.recipe.gguf_info import ModelFileError, check_magic, header_facts, read_header, shard_paths, split_parts
 from g906.recipe.hf_info import inspect_hf_dir
+from g906.recipe.hub import HubError, HubSpec, cached_model, parse_hub_id
 from g906.recipe.plan import MediaLimitPlan, Plan
 from g906.recipe.schema import MediaLimit, Recipe
 
@@ -191,6 +191,9 @@ def _resolve(recipe: Recipe, recipe_path: str | os.PathLike | None, check_files:
         host=recipe.server.host,
         port=recipe.server.port,
         api_key_env=recipe.server.api_key_env,
+        allowed_origins=list(recipe.server.allowed_origins),
+        log_level=recipe.server.log_level,
+        access_log=recipe.server.access_log,
         env=dict(recipe.env),
         warnings=[w.render()[0] for w in cx.warnings],
         missing_files=cx.missing,
@@ -204,7 +207,12 @@ def _resolve_model(cx: _Ctx, recipe: Recipe, images_on: bool) -> _Model:
     if source.startswith("builtin:"):
         return _builtin(cx, source[len("builtin:"):])
     p = cx.path(source)
-    hub_id = re.fullmatch(r"[\w-][\w.-]*/[\w.-]+", source) is not None and not source.endswith(".gguf")
+    spec = parse_hub_id(source)
+    hub_id = spec is not None
+    if not p.exists() and spec is not None and recipe.engine.kind == "embedded":
+        found = _hub(cx, recipe, spec, images_on)
+        if found is not None:
+            return found
     if not p.exists() and hub_id and recipe.engine.kind == "vllm":
         # vLLM downloads Hugging Face Hub ids itself
         q = recipe.model.quantization
@@ -214,8 +222,8 @@ def _resolve_model(cx: _Ctx, recipe: Recipe, images_on: bool) -> _Model:
         cx.need(_SOURCE, p, "model")
         if hub_id:
             (cx.errors if cx.check_files else cx.warnings)[-1].help = (
-                f"g906 does not download models: fetch it first (`hf download {source} --local-dir DIR`) and "
-                'point model.source at DIR, or use engine.kind = "vllm", which downloads Hub ids itself')
+                f"no such file or folder, and {spec} is not in the Hugging Face cache either: "
+                f"`g906 pull {spec}` (or `hf download {spec.repo_id}`) fetches it; `g906 up {spec}` does too")
         gguf = p.suffix.lower() == ".gguf"
         mmproj = recipe.model.mmproj.strip()
         if gguf and mmproj not in ("auto", "none"):
@@ -226,6 +234,21 @@ def _resolve_model(cx: _Ctx, recipe: Recipe, images_on: bool) -> _Model:
     if p.is_dir():
         return _hf(cx, recipe, p, images_on)
     return _gguf(cx, recipe, p, images_on)
+
+
+def _hub(cx: _Ctx, recipe: Recipe, spec: HubSpec, images_on: bool) -> _Model | None:
+    """A Hub id: the model in the local Hugging Face cache, or None when the cache lacks it
+    (`g906 up` and `g906 pull` download it first; resolving never touches the network)."""
+    try:
+        found = cached_model(spec)
+    except HubError as exc:
+        cx.error(_SOURCE, exc.message, exc.hint)
+        return _Model(format="hf", name=spec.repo_id)
+    if found is None:
+        return None
+    model = _hf(cx, recipe, found, images_on) if found.is_dir() else _gguf(cx, recipe, found, images_on)
+    model.name = spec.repo_id
+    return model
 
 
 def _builtin(cx: _Ctx, name: str) -> _Model:

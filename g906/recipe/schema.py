@@ -54,8 +54,9 @@ TokenCount = Annotated[int | None, WithJsonSchema(_TOKENS_JSON)]
 
 class ModelSection(_Strict):
     source: str = Field(
-        description="A GGUF file (the first shard of a split set), a Hugging Face model directory, "
-        "or builtin:<name> for a synthetic smoke-test model."
+        description="A GGUF file (the first shard of a split set), a Hugging Face model directory, a Hugging "
+        "Face Hub id (org/name, org/name:REVISION, org/name:Q4_K_M for GGUF repos; read from the local HF cache, "
+        "which `g906 pull` and `g906 up` fill), or builtin:<name> for a synthetic smoke-test model."
     )
     name: str | None = Field(
         None, min_length=1, description="Served model name (defaults to the file or directory name)."
@@ -230,6 +231,15 @@ class ServerSection(_Strict):
                                   "body; slower ones get 408.")
     max_connections: int = Field(2048, ge=1, le=1_000_000, description="Connections and requests in progress at "
                                  "once; beyond it new requests get 503 (uvicorn's limit_concurrency).")
+    allowed_origins: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list,
+        description='Origins whose browsers may call the API (CORS), e.g. ["http://localhost:3000"] or ["*"]. '
+        "Empty: no CORS headers.",
+    )
+    log_level: Literal["debug", "info", "warning", "error", "critical"] = Field(
+        "info", description="Log level of the server's messages (debug also shows the HTTP server's own)."
+    )
+    access_log: bool = Field(False, description="Log one line per HTTP request (method, path, status).")
 
     @field_validator("api_key_env")
     @classmethod

@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from g906.server import info_routes
+from g906.server import docs_routes, info_routes, tokenize_routes
 from g906.server.chat_completions import chat_completions
 from g906.server.completions import completions
 from g906.server.errors import EXCEPTION_HANDLERS
@@ -33,6 +33,8 @@ def create_app(state: ServerState) -> Starlette:
         Route("/metrics", info_routes.metrics, methods=["GET"]),
         Route("/version", info_routes.version, methods=["GET"]),
         Route("/openapi.json", info_routes.openapi, methods=["GET"]),
+        *tokenize_routes.ROUTES,
+        *docs_routes.ROUTES,
     ]
     app = Starlette(routes=routes, exception_handlers=dict(EXCEPTION_HANDLERS),
                     middleware=[Middleware(ShutdownGuard)])

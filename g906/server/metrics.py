@@ -57,21 +57,32 @@ class Metrics:
         self.itl = Histogram("g906:inter_token_latency_seconds", "Time between tokens of one sequence.",
                              ["model_name"], buckets=_LATENCY_BUCKETS, registry=r).labels(m)
         self.http_errors = Counter("g906:http_errors", "Error responses by status.", ["status"], registry=r)
+        from g906.server.vllm_metrics import VllmEngineCollector, VllmRequestMetrics
+
+        r.register(VllmEngineCollector(state))
+        self.vllm = VllmRequestMetrics(r, m, _LATENCY_BUCKETS)     # the same figures under vllm: names
 
     # observer
     def on_first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)
         self.generation_tokens.inc()
+        self.vllm.on_first_token(seconds)
 
     def on_token(self, seconds: float) -> None:
         self.itl.observe(seconds)
         self.generation_tokens.inc()
+        self.vllm.on_token(seconds)
 
     def on_finish(self, out) -> None:
         self._finished.labels(self.model, out.finish_reason or "unknown").inc()
+        self.vllm.on_finish(out)
 
     def on_prompt(self, num_tokens: int) -> None:
         self.prompt_tokens.inc(num_tokens)
+        self.vllm.on_prompt(num_tokens)
+
+    def on_e2e(self, seconds: float) -> None:
+        self.vllm.on_e2e(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

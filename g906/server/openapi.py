@@ -29,7 +29,10 @@ def _errors(*statuses: int) -> dict:
 @lru_cache(maxsize=2)
 def openapi_document(auth: bool = True) -> dict:
     """auth: whether the server asks for an API key (the document declares bearer auth only then)."""
-    models = [(P.ChatCompletionRequest, "validation"), (P.CompletionRequest, "validation")]
+    from g906.server import tokenize_routes
+
+    models = [(P.ChatCompletionRequest, "validation"), (P.CompletionRequest, "validation"),
+              *tokenize_routes.OPENAPI_MODELS]
     models += [(m, "serialization") for m in (
         P.ChatCompletionResponse, P.ChatCompletionChunk, P.CompletionResponse, P.ModelList, P.ModelCard,
         P.ErrorResponse, P.VersionInfo, P.HealthInfo)]
@@ -77,7 +80,14 @@ def openapi_document(auth: bool = True) -> dict:
         "/health": get("health", "200 when the model is loaded and warmed up, 503 before", "HealthInfo", errors=(503,)),
         "/metrics": get("metrics", "Prometheus metrics", None, media="text/plain"),
         "/version": get("version", "Server version", "VersionInfo"),
+        "/ping": get("ping", "The same answer as /health", "HealthInfo", errors=(503,)),
+        **tokenize_routes.openapi_paths(_ref, _errors),
     }
+    if not auth:  # routes described elsewhere (tokenize_routes) state their auth unconditionally
+        for ops in paths.values():
+            for op in ops.values():
+                op.pop("security", None)
+                op.get("responses", {}).pop("401", None)
     return {
         "openapi": "3.1.0",
         "info": {"title": "g906 OpenAI-compatible API", "version": __version__},

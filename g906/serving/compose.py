@@ -126,8 +126,11 @@ def build_app(plan: Plan) -> tuple[Any, ServerState]:
     """The Starlette app for a plan and the state it serves from; /health answers 503 until
     state.set_ready(engine, prompts, info)."""
     from g906.server.app import ServerState, create_app
+    from g906.server.cors import add_cors
 
     state = ServerState(served_model_name=plan.served_model_name, reasoning_parser=plan.reasoning_parser,
                         api_key=api_key_from_env(plan), max_body_bytes=max_body_bytes(),
                         body_timeout_s=plan.recipe.server.body_timeout_s)
-    return create_app(state), state
+    app = create_app(state)
+    add_cors(app, plan.allowed_origins)
+    return app, state

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import signal
 import socket
 import sys
@@ -62,7 +63,8 @@ class DrainingServer:
     first signal stops accepting and lets in-flight requests finish; a second one forces exit."""
 
     def __init__(self, app, sock: socket.socket, *, drain_timeout: float = DRAIN_TIMEOUT,
-                 log_level: str = "warning", header_timeout_s: float = 10.0, max_connections: int | None = None):
+                 log_level: str = "warning", header_timeout_s: float = 10.0, max_connections: int | None = None,
+                 access_log: bool = False):
         import uvicorn
 
         from g906.serving.http_limits import guarded_protocol
@@ -91,9 +93,11 @@ class DrainingServer:
                     for s, h in previous.items():
                         signal.signal(s, h)
 
-        config = uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="off",
+        config = uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="off",
                                 timeout_graceful_shutdown=drain_timeout, timeout_keep_alive=5,
                                 http=guarded_protocol(header_timeout_s), limit_concurrency=max_connections)
+        if access_log:       # one line per request even when uvicorn's own messages are held back
+            logging.getLogger("uvicorn.access").setLevel(logging.INFO)
         self.server = Server(config)
         self.sock = sock
         self.signalled: int | None = None
@@ -109,6 +113,22 @@ class DrainingServer:
 
     def stop(self) -> None:
         self.server.should_exit = True
+
+
+def uvicorn_log_level(level: str) -> str:
+    """uvicorn's own messages (startup banners) stay quiet unless the recipe asks for debug:
+    g906 says what matters itself."""
+    return "debug" if level == "debug" else ("warning" if level in ("info", "warning") else level)
+
+
+def cpu_speed_note(info: dict, decode_seconds: float | None) -> str | None:
+    """On the CPU: what it is for, and the decode speed the warm-up measured here."""
+    if not str(info.get("device", "")).startswith("cpu"):
+        return None
+    speed = (f"about {1.0 / decode_seconds:.1f} tokens/s per request for this model on this machine "
+             "(measured in the warm-up)") if decode_seconds else "a few tokens/s for small models"
+    return (f"Running on the CPU: for trying and testing, not for serving users: {speed}. "
+            "A GPU (gfx906, CUDA) runs the same model tens to hundreds of times faster.")
 
 
 _SERVERS: list[DrainingServer] = []   # running servers (tests stop them with stop_all())
@@ -141,7 +161,8 @@ def serve_plan(plan: Plan, *, host: str | None = None, port: int | None = None, 
     url = base_url(host, sock.getsockname()[1])
     srv = plan.recipe.server
     server = DrainingServer(app, sock, drain_timeout=drain_timeout, header_timeout_s=srv.header_timeout_s,
-                            max_connections=srv.max_connections)
+                            max_connections=srv.max_connections, log_level=uvicorn_log_level(plan.log_level),
+                            access_log=plan.access_log)
     failure: list[BaseException] = []
     holder: dict[str, Any] = {}
 
@@ -166,6 +187,9 @@ def serve_plan(plan: Plan, *, host: str | None = None, port: int | None = None, 
             say(f"Loaded {plan.served_model_name} in {t1 - t0:.1f}s, warmed up in {warm:.1f}s "
                 f"({engine.runner.sizing.num_blocks} KV blocks of {engine.config.block_size} tokens, "
                 f"max_model_len {engine.max_model_len}, max_num_seqs {engine.config.max_num_seqs})")
+            cpu_note = cpu_speed_note(loaded.info, getattr(engine, "warm_up_decode_seconds", None))
+            if cpu_note:
+                say(cpu_note)
             say(f"Ready: serving {plan.served_model_name} at {url}/v1")
             say("Try:  " + curl_example(url, plan.served_model_name, plan.api_key_env))
             sys.stdout.flush()

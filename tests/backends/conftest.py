@@ -48,14 +48,28 @@ class FakeVllm:
     def signals(self) -> list[str]:
         return self.signal_log.read_text().split() if self.signal_log.exists() else []
 
-    def python_package(self, reasoning_sources: dict[str, str] | None = None) -> Path:
-        """A fake `vllm` package (for engine.vllm.python = this interpreter); returns PYTHONPATH dir."""
+    def python_package(self, reasoning_sources: dict[str, str] | None = None, *, argparse: bool = False) -> Path:
+        """A fake `vllm` package (for engine.vllm.python = this interpreter); returns PYTHONPATH dir.
+        argparse: also vLLM's parser modules (vllm.utils.FlexibleArgumentParser and
+        vllm.entrypoints.openai.cli_args.make_arg_parser), built from the fake's own parser."""
         site = self.root / "site"
         pkg = site / "vllm" / "entrypoints" / "cli"
         pkg.mkdir(parents=True)
         for d in (site / "vllm", site / "vllm" / "entrypoints", pkg):
             (d / "__init__.py").write_text("")
         (pkg / "main.py").write_text(SRC.read_text())
+        if argparse:
+            (site / "vllm" / "utils").mkdir()
+            (site / "vllm" / "utils" / "__init__.py").write_text(
+                "import argparse\n\n\nclass FlexibleArgumentParser(argparse.ArgumentParser):\n    pass\n")
+            oa = site / "vllm" / "entrypoints" / "openai"
+            oa.mkdir()
+            (oa / "__init__.py").write_text("")
+            # the fake's parser, without running its main(): make_arg_parser returns it
+            (oa / "fake_parser.py").write_text(SRC.read_text().replace("\nmain()\n", "\n"))
+            (oa / "cli_args.py").write_text(
+                "from vllm.entrypoints.openai.fake_parser import build_parser\n\n\n"
+                "def make_arg_parser(parser):\n    return build_parser()\n")
         reasoning = site / "vllm" / "reasoning"
         reasoning.mkdir()
         for name, text in (reasoning_sources or {}).items():

@@ -52,6 +52,22 @@ def _quant_bits(plan: Any) -> int | None:
     return None
 
 
+def _model_missing(plan: Any) -> str | None:
+    """Why the checks that read the model's own files cannot run: the reason to skip them with
+    (the Model files row has already failed for it), or None."""
+    if plan.model_format == "builtin":
+        return None
+    missing = [Path(p) for p in (getattr(plan, "missing_files", None) or [])]
+    model = getattr(plan, "model_path", None)
+    first = (list(plan.model_files or []) or [model])[0]
+    for p in ([model] if model is not None else []) + ([first] if first is not None else []):
+        if p is not None and (Path(p) in missing or not Path(p).exists()):
+            return f"skipped: the model file is missing ({p}); see Model files"
+    if model is None and not plan.model_files:
+        return "skipped: no model file to read"
+    return None
+
+
 @check("recipe.model_files", "Recipe", "Model files", needs_plan=True)
 def model_files(ctx: Ctx) -> Result:
     plan = ctx.plan
@@ -88,6 +104,8 @@ def architecture(ctx: Ctx) -> Result:
         return skip("no recipe given")
     if plan.model_format == "builtin":
         return ok("builtin synthetic model")
+    if plan.architecture is None and (reason := _model_missing(plan)):
+        return skip(reason)
     entry = _arch_entry(plan)
     if entry is None:
         return fail(f"architecture {plan.architecture!r} is not supported",
@@ -107,6 +125,8 @@ def gguf_types(ctx: Ctx) -> Result:
     if plan.model_format != "gguf":
         return skip("not a GGUF model")
     types = dict(plan.gguf_tensor_types or {})
+    if not types and (reason := _model_missing(plan)):
+        return skip(reason)
     if not types:
         return warn("no tensor types known for this GGUF", fix="check that the GGUF file is complete")
     supported = set(quant.gguf_types())
@@ -205,6 +225,8 @@ def memory(ctx: Ctx) -> Result:
     dev = ctx.target_device
     if plan.model_format == "builtin" and not plan.model_facts:
         return ok("builtin synthetic model: a few MiB")
+    if reason := _model_missing(plan):      # no sizes to estimate from (it would say "about 0 KiB")
+        return skip(reason)
     if dev == "rocm":
         gpus = ctx.plan_gpus()
         caps = [int(g.get("vram_bytes") or 0) or None for g in gpus]

@@ -397,19 +397,28 @@ class GGUFModelFile:
         """(HF name, tensor) pairs with HF semantics (see the module docstring). Dense tensors keep
         the file dtype (float32 for norms and other transformed tensors); quantized 2-D tensors stay
         QuantizedTensor (raw blocks, memory-mapped). Linear-attention V heads stay in file order."""
+        from g906.engine.progress import Step
+
         self.validate()
-        for name in self._tensors:
-            mapped = self.hf_name(name)
-            if mapped is None:
-                log.debug("%s: skipping tensor %s (not used by g906)", self.path, name)
-                continue
-            hf, tr = mapped
-            if not include_mtp and hf.startswith("mtp."):
-                continue
-            t = self.raw_tensor(name)
-            if tr:
-                t = _transform(t, tr)
-            yield hf, t
+        label = f"Loading {self.path.name}" + (f" (+{len(self.paths) - 1} parts)" if len(self.paths) > 1 else "")
+        with Step(label, total=self.tensor_bytes(), unit="bytes", count_noun="tensors", enabled=progress) as step:
+            for name in self._tensors:
+                entry = self._tensors[name]
+                nbytes = int(self._readers[entry.reader_index].tensors[entry.tensor_index].n_bytes)
+                mapped = self.hf_name(name)
+                if mapped is None:
+                    log.debug("%s: skipping tensor %s (not used by g906)", self.path, name)
+                    step.advance(nbytes)
+                    continue
+                hf, tr = mapped
+                if not include_mtp and hf.startswith("mtp."):
+                    step.advance(nbytes)
+                    continue
+                t = self.raw_tensor(name)
+                if tr:
+                    t = _transform(t, tr)
+                yield hf, t
+                step.advance(nbytes, count=1)      # after the model took it: its copy is part of the load
 
     def state_dict(self, *, include_mtp: bool = True) -> dict[str, torch.Tensor | QuantizedTensor]:
         return dict(self.weights(include_mtp=include_mtp))

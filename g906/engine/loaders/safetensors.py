@@ -94,9 +94,10 @@ class HFModelDir:
 
     def weights(self, progress: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, tensor) for every text-model tensor, memory-mapped (copied on conversion)."""
-        total = self.total_bytes
-        bar = _Progress(total, f"loading {self.path.name}") if progress else None
-        try:
+        from g906.engine.progress import Step
+
+        with Step(f"Loading {_display_name(self.path)}", total=self.total_bytes, unit="bytes", count_noun="tensors",
+                  enabled=progress) as step:
             for fname, names in self.files.items():
                 fpath = self.path / fname
                 with self._open(fpath) as f:
@@ -115,12 +116,8 @@ class HFModelDir:
                             raise G906Error(
                                 f"{fpath}: tensor {name} has dtype {t.dtype}; only F32, F16 and BF16 are supported"
                             )
-                        if bar:
-                            bar.advance(t.numel() * t.element_size())
                         yield name, t
-        finally:
-            if bar:
-                bar.close()
+                        step.advance(t.numel() * t.element_size(), count=1)
 
     def tokenizer(self):
         """The directory's tokenizer (g906.engine.tokenizer), or None when it has no
@@ -151,30 +148,10 @@ class HFModelDir:
         return None
 
 
-class _Progress:
-    """A rich progress bar over bytes, shown only for large models on a terminal."""
-
-    def __init__(self, total: int, label: str, min_bytes: int = 256 << 20):
-        self._p = None
-        if total < min_bytes:
-            return
-        try:
-            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-
-            self._p = Progress(
-                TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-                transient=True,
-            )
-            self._p.start()
-            self._task = self._p.add_task(label, total=total)
-        except Exception:
-            self._p = None
-
-    def advance(self, n: int) -> None:
-        if self._p is not None:
-            self._p.advance(self._task, n)
-
-    def close(self) -> None:
-        if self._p is not None:
-            self._p.stop()
-            self._p = None
+def _display_name(path) -> str:
+    """A model folder's name for people: org/name for a Hugging Face cache snapshot
+    (models--org--name/snapshots/<commit>), else the folder's own name."""
+    parent = path.parent
+    if parent.name == "snapshots" and parent.parent.name.startswith("models--"):
+        return parent.parent.name[len("models--"):].replace("--", "/")
+    return path.name

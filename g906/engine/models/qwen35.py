@@ -239,6 +239,10 @@ class Qwen35ForCausalLM(nn.Module):
             hook = getattr(mod, "post_load", None)
             if callable(hook):
                 hook()
+        if self.device.type == "cpu":         # the CPU matmul reads dense weights: dequantize once, here
+            from g906.engine.cpu_weights import dequantize_for_cpu
+
+            dequantize_for_cpu(self, skip=[] if self.lm_head is None else [self.model.embed_tokens.weight])
 
     # ---------------------------------------------------------------- cache
 

@@ -3,9 +3,37 @@ split over two projections (add_norm_out, rms_in)."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .gguf_blocks import dequantize
+
+# The float32 matrix of a GGUF weight kept on the weight object itself (CPU only): the CPU has no
+# dequantizing GEMV, and dequantizing a whole matrix (a 248k-row output layer included) on every
+# call made decode a hundred times slower than the matmul it feeds. The cost is the dense copy's
+# memory (4 bytes a weight, beside the blocks); G906_CPU_DEQUANT_CACHE=0 trades it back for time.
+_DENSE_ATTR = "_g906_dense_f32"
+
+
+def cpu_dequant_cache_enabled() -> bool:
+    return os.environ.get("G906_CPU_DEQUANT_CACHE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def dense_weight(weight) -> torch.Tensor:
+    """A QuantizedTensor's (or PackedQuant's) float32 [out, in] matrix; on the CPU dequantized
+    once and kept with the weight (see _DENSE_ATTR)."""
+    cached = getattr(weight, _DENSE_ATTR, None)
+    if cached is not None:
+        return cached
+    if getattr(weight, "planes", None) is not None:  # PackedQuant (repack.py): exact decode
+        w = weight.dequantize()
+    else:
+        w = dequantize(weight.data, weight.qtype, weight.shape)
+    if w.device.type == "cpu" and cpu_dequant_cache_enabled():
+        w = w.float().contiguous()
+        object.__setattr__(weight, _DENSE_ATTR, w)
+    return w
 
 
 def rms_in(x, rms_of):
@@ -42,10 +70,7 @@ def linear(x, weight, *, add_norm=None, rms_of=None):
         else:
             y = x @ weight.to(x.dtype).t()
         return add_norm_out(y, add_norm)
-    if getattr(weight, "planes", None) is not None:  # PackedQuant (repack.py): exact decode
-        w = weight.dequantize()
-    else:
-        w = dequantize(weight.data, weight.qtype, weight.shape)
+    w = dense_weight(weight)
     return add_norm_out((x.float() @ w.t()).to(x.dtype), add_norm)
 
 
