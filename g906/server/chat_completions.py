@@ -3,6 +3,8 @@ its placeholders), one generation request, and the answer in full or streamed.""
 
 from __future__ import annotations
 
+import json
+
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -87,5 +89,35 @@ def template_messages(req: P.ChatCompletionRequest, images: list[str] | None = N
                                       "by this server (text and image_url only)", param=f"messages.{i}.content")
                 texts.append(part.text)
             d["content"] = "".join(texts)
+        if m.tool_calls is not None:
+            d["tool_calls"] = template_tool_calls(m.tool_calls, f"messages.{i}.tool_calls")
         out.append(d)
+    return out
+
+
+def template_tool_calls(calls: list[dict], param: str) -> list[dict]:
+    """An assistant turn's tool calls as the template takes them: `function.arguments` as an object.
+
+    Clients send arguments back as the JSON string the server gave them (OpenAI's shape), while
+    chat templates iterate them as a mapping (Qwen3.5: `arguments|items`); a string is parsed here,
+    as vLLM does, and anything that is not a JSON object is refused, naming the call."""
+    out = []
+    for j, call in enumerate(calls):
+        where = f"{param}.{j}"
+        fn = call.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise bad_request(f"{where}: a tool call needs function.name (a non-empty string)", param=where)
+        args = fn.get("arguments", {})
+        if args is None:
+            args = {}
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError as exc:
+                raise bad_request(f"{where}.function.arguments is not valid JSON: {exc}",
+                                  param=f"{where}.function.arguments") from None
+        if not isinstance(args, dict):
+            raise bad_request(f"{where}.function.arguments must be a JSON object (or its JSON text), "
+                              f"not {type(args).__name__}", param=f"{where}.function.arguments")
+        out.append({**call, "function": {**fn, "arguments": args}})
     return out
