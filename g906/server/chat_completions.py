@@ -16,6 +16,7 @@ from g906.server.generation import GenerationRequest, Prompt, openai_sampling_pa
 from g906.server.intake import parse_request
 from g906.server.openai_answers import chat_full, chat_stream, send_answer
 from g906.server.state import ServerState, state_of
+from g906.server.tools import openai_tool_choice, openai_tools
 
 
 async def chat_completions(request: Request) -> Response:
@@ -23,7 +24,8 @@ async def chat_completions(request: Request) -> Response:
     req, ignored = await parse_request(request, st, P.ChatCompletionRequest)
     assert isinstance(req, P.ChatCompletionRequest)
     greq = await generation_request(st, req)
-    asm = ResponseAssembler(greq, reasoning_parser=st.reasoning_parser, architecture=st.architecture)
+    asm = ResponseAssembler(greq, reasoning_parser=st.reasoning_parser, tool_parser=st.tool_parser,
+                            architecture=st.architecture)
     streams = start(st, greq)
     eng = st.engine.engine
     if req.stream:
@@ -37,6 +39,8 @@ async def generation_request(st: ServerState, req: P.ChatCompletionRequest) -> G
     if req.response_format is not None and req.response_format.type != "text":
         raise bad_request(f"response_format {req.response_format.type!r} is not supported (only \"text\")",
                           param="response_format")
+    tools = openai_tools(req.tools)
+    tool_choice = openai_tool_choice(req.tool_choice, tools)
     images: list[str] = []
     try:
         prompt_text = st.prompts.render_chat(
@@ -63,7 +67,9 @@ async def generation_request(st: ServerState, req: P.ChatCompletionRequest) -> G
                                     prompt_len=len(ids), max_model_len=st.max_model_len, logprobs=logprobs,
                                     prompt_param="messages")
     return GenerationRequest(request_id=P.new_id("chatcmpl"), model=st.served_model_name,
-                             prompts=[Prompt(ids=ids, text=prompt_text, mm=mm)], params=[params], n=req.n)
+                             prompts=[Prompt(ids=ids, text=prompt_text, mm=mm)], params=[params], n=req.n,
+                             tools=tools, tool_choice=tool_choice,
+                             parallel_tool_calls=req.parallel_tool_calls is not False)
 
 
 def template_messages(req: P.ChatCompletionRequest, images: list[str] | None = None) -> list[dict]:

@@ -32,6 +32,14 @@ class GenerationRequest:
     params: list[Any]                # SamplingParams, one per prompt
     n: int                           # choices per prompt
     created: int = field(default_factory=P.now)
+    tools: list = field(default_factory=list)        # ToolSpec (g906/server/parsers/base.py)
+    tool_choice: Any = None                          # ToolChoice (g906/server/tools.py); None: no tools
+    parallel_tool_calls: bool = True
+
+    @property
+    def parses_tool_calls(self) -> bool:
+        """Whether the answers are searched for tool calls (tools offered, and not tool_choice "none")."""
+        return bool(self.tools) and self.tool_choice is not None and self.tool_choice.mode != "none"
 
     @property
     def num_choices(self) -> int:

@@ -17,6 +17,7 @@ DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 class ServerState:
     served_model_name: str
     reasoning_parser: str = "none"       # a name in g906/server/parsers ("none", "auto" or registered)
+    tool_parser: str = "auto"            # the same, for tool calls (used when a request offers tools)
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     architecture: str | None = None      # the model's (g906/arch name): picks the parsers named "auto"
