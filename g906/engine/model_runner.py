@@ -311,7 +311,21 @@ class ModelRunner:
                 output_token_ids=s.output_token_ids if p.has_penalties else None,
             ))
         return PendingStep([batch.seqs[i].seq_id for i in sampling],
-                           self.sampler.launch(logits, rows, argmax=greedy))
+                           self.sampler.launch(logits, rows, argmax=greedy, mask=self._masks(batch, sampling)))
+
+    def _masks(self, batch: ScheduledBatch, sampling: list[int]):
+        """The token masks of the constrained rows (structured outputs), computed on the CPU
+        while the device runs the step's forward: (rows, bitmask), or None."""
+        guided = [j for j, i in enumerate(sampling)
+                  if batch.seqs[i].guide is not None and batch.seqs[i].guide.constrains]
+        if not guided:
+            return None
+        from g906.engine.structured.mask import allocate
+
+        bitmask = allocate(len(guided), int(self.config.vocab_size))
+        for r, j in enumerate(guided):
+            batch.seqs[sampling[j]].guide.fill(bitmask, r)
+        return guided, bitmask
 
 
 class PendingStep:

@@ -127,5 +127,6 @@ def build_app(plan: Plan) -> tuple[Any, ServerState]:
     from g906.server.app import ServerState, create_app
 
     state = ServerState(served_model_name=plan.served_model_name, reasoning_parser=plan.reasoning_parser,
+                        tool_parser=plan.tool_parser, architecture=plan.architecture,
                         api_key=api_key_from_env(plan), max_body_bytes=max_body_bytes())
     return create_app(state), state

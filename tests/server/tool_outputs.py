@@ -34,6 +34,10 @@ CASES = {
     "python_repr_object": (call("configure", ("options", "{'depth': 3}")), None,
                            [("configure", {"options": {"depth": 3}})]),
     "multiline_string": (call("get_weather", ("city", "New\nYork")), None, [("get_weather", {"city": "New\nYork"})]),
+    "closing_tag_inside_a_value": (
+        call("configure", ("options", "{\"depth\": 1, \"tags\": [\"</parameter>\", \"</function>\"]}"),
+             ("name", "a</parameter>b")),
+        None, [("configure", {"options": {"depth": 1, "tags": ["</parameter>", "</function>"]}, "name": "a</parameter>b"})]),
     "unknown_function": (call("teleport", ("where", "moon"), ("count", "2")), None,
                          [("teleport", {"where": "moon", "count": "2"})]),
     "invalid_json_object": (call("configure", ("options", "{depth: 2")), None,

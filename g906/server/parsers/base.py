@@ -58,9 +58,14 @@ class ReasoningParser(Protocol):
     """Splits a model's thinking out of its answer."""
 
     name: str
+    end_tag: str              # the text that ends the reasoning
 
     def __init__(self, prompt_text: str | None = None) -> None:
         """prompt_text: the rendered prompt, since a chat template may open the reasoning itself."""
+
+    @property
+    def opened(self) -> bool:
+        """Whether the output starts inside the reasoning (before anything was fed)."""
 
     def feed(self, delta: str) -> tuple[str, str]:
         """(reasoning delta, content delta) for the next piece of text; may hold text back."""

@@ -76,6 +76,7 @@ class Qwen3CoderToolParser:
         self.function: str | None = None
         self.param: str | None = None
         self.num_params = 0
+        self.final = False        # the output has ended: what follows a tag is known to be nothing
 
     # -- the state machine ------------------------------------------------------------------------
     def feed(self, content: str) -> tuple[str, list[ToolCallDelta]]:
@@ -160,11 +161,10 @@ class Qwen3CoderToolParser:
             self.param, self.buf, self.state = buf[:i], buf[i + 1:], "value"
             return True
         if st == "value":
-            ends = [(buf.find(t), t) for t in (PARAMETER_END, "\n" + PARAMETER, FUNCTION_END, TOOL_CALL_END)]
-            ends = [(k, t) for k, t in ends if k != -1]
-            if not ends:
+            end = self._value_end(buf)
+            if end is None:
                 return False
-            k, tag = min(ends)
+            k, tag = end
             self._emit_param(buf[:k], calls)
             self.buf = buf[k + len(tag):] if tag == PARAMETER_END else buf[k:]
             self.state = "params"
@@ -202,6 +202,34 @@ class Qwen3CoderToolParser:
             return True
         raise AssertionError(st)
 
+    # what may follow each closing tag for it to be the real one rather than text of a value (a
+    # JSON string or code holding "</parameter>"): whitespace, then one of these or the end
+    _NEXT = {PARAMETER_END: (PARAMETER, FUNCTION_END, TOOL_CALL_END), FUNCTION_END: (TOOL_CALL_END,),
+             TOOL_CALL_END: (TOOL_CALL,)}
+
+    def _value_end(self, buf: str) -> tuple[int, str] | None:
+        """Where the value at the start of `buf` ends (and the tag that ends it), or None while
+        undecided. A value ends at a real closing tag, or where its close is missing: at the
+        next parameter on a new line."""
+        pos = 0
+        while True:
+            hits = [(buf.find(t, pos), t) for t in (PARAMETER_END, "\n" + PARAMETER, FUNCTION_END, TOOL_CALL_END)]
+            hits = [(k, t) for k, t in hits if k != -1]
+            if not hits:
+                return None
+            k, tag = min(hits)
+            if tag == "\n" + PARAMETER:
+                return k, tag
+            after = buf[k + len(tag):].lstrip()
+            if not after:
+                return (k, tag) if self.final else None
+            nxt = self._NEXT[tag]
+            if any(after.startswith(t) for t in nxt):
+                return k, tag
+            if _holds_prefix(after, *nxt) and not self.final:
+                return None
+            pos = k + 1
+
     def _full(self) -> bool:
         return self.max_calls is not None and self.num_calls >= self.max_calls
 
@@ -224,6 +252,11 @@ class Qwen3CoderToolParser:
         """The output ended: close what is open; with no call at all, the held text is content."""
         calls: list[ToolCallDelta] = []
         content = ""
+        self.final = True
+        out: list[str] = []
+        while self._step(out, calls):
+            pass
+        content = "".join(out)
         st = self.state
         if st == "value":
             self._emit_param(self.buf, calls)
@@ -231,7 +264,7 @@ class Qwen3CoderToolParser:
         if st in ("params", "key"):
             self._close_call(calls)
         if self.num_calls == 0:
-            content = self.held if st != "content" else self.buf
+            content += self.held if st != "content" else self.buf
         self.buf, self.held, self.state = "", "", "done"
         return content, calls
 

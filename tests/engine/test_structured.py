@@ -1,0 +1,120 @@
+"""Structured outputs in the engine: constraints compile with llguidance (bad ones are refused
+with its message), one matcher per sequence follows what it samples, a constraint may start
+after a marker (the end of the reasoning), and the offline API's outputs match their constraint
+under batching, n > 1 and stop strings."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+import torch
+
+from g906.engine.builtin import build_tokenizer
+from g906.engine.sampling_params import SamplingParams
+from g906.engine.structured import StructuredOutputsError, StructuredOutputsParams as S
+from g906.engine.structured.grammar import GrammarCompiler
+from g906.engine.structured.guide import Guide
+from g906.engine.structured.mask import allocate, allowed, apply
+
+EOS = [427, 425]
+
+
+@pytest.fixture(scope="module")
+def grammars():
+    return GrammarCompiler(build_tokenizer(), 434, EOS)
+
+
+def allowed_ids(guide: Guide) -> list[int]:
+    bm = allocate(1, 434)
+    guide.fill(bm, 0)
+    return allowed(bm, 434, torch.device("cpu"))[0].nonzero()[:, 0].tolist()
+
+
+@pytest.mark.parametrize("spec,needle", [
+    (dict(regex="a(b"), "unclosed group"),
+    (dict(json={"type": "wat"}), "wat"),
+    (dict(grammar="start: nothing_here"), "nothing_here"),
+    (dict(json="{oops"), "not valid JSON"),
+])
+def test_bad_constraints_are_named(grammars, spec, needle):
+    with pytest.raises(StructuredOutputsError) as ei:
+        grammars.compile(S(**spec))
+    assert needle in str(ei.value)
+
+
+@pytest.mark.parametrize("fields", [{}, {"regex": "a", "choice": ["b"]}, {"choice": []}, {"regex": ""}])
+def test_exactly_one_constraint(fields):
+    with pytest.raises(StructuredOutputsError):
+        S(**fields)
+
+
+def test_gbnf_grammars_are_translated(grammars):
+    guide = Guide(grammars.matcher(S(grammar='root ::= "yes" | "no"')))
+    tok = build_tokenizer()
+    assert {tok.decode([t]) for t in allowed_ids(guide)} <= {"y", "ye", "yes", "n", "no"}
+
+
+def test_the_constraint_starts_after_the_marker(grammars):
+    tok = build_tokenizer()
+    end = tok.encode("</think>")
+    guide = Guide(grammars.matcher(S(choice=["ok"])), end)
+    assert not guide.constrains
+    for t in tok.encode("free text") + end[:-1]:
+        guide.accept(t)
+        assert not guide.constrains
+    guide.accept(end[-1])
+    assert guide.constrains
+    assert {tok.decode([t]) for t in allowed_ids(guide)} <= {"o", "ok"}
+    for t in tok.encode("ok"):
+        guide.accept(t)
+    assert guide.finished and guide.error is None
+
+
+def test_mask_application():
+    logits = torch.zeros(3, 40)
+    bm = allocate(1, 40)
+    bm[0] = 0
+    bm[0, 1] = 1 << 2           # token 34 only
+    out = apply(logits, [1], bm)
+    assert torch.isinf(out[1]).sum() == 39 and out[1, 34] == 0
+    assert not torch.isinf(out[0]).any() and not torch.isinf(out[2]).any()
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                                           "b": {"type": "string", "maxLength": 4}},
+          "required": ["a", "b"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def llm():
+    from g906 import LLM
+
+    with LLM("builtin:tiny-qwen35") as m:
+        yield m
+
+
+def test_offline_api_batch_and_n(llm):
+    params = [SamplingParams(max_tokens=200, seed=i, structured_outputs=S(json=SCHEMA, disable_any_whitespace=True))
+              for i in range(3)]
+    params.append(SamplingParams(n=3, max_tokens=20, seed=7, structured_outputs=S(regex=r"[a-c]{2}-[0-9]{1,3}")))
+    params.append(SamplingParams(max_tokens=20, seed=1))               # an unconstrained neighbour
+    outs = llm.generate(["a", "b", "c", "d", "e"], params)
+    for o in outs[:3]:
+        assert o.outputs[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(o.outputs[0].text), SCHEMA)
+        assert o.outputs[0].text.startswith('{"a":')                  # compact: no free whitespace
+    assert len(outs[3].outputs) == 3
+    for c in outs[3].outputs:
+        assert re.fullmatch(r"[a-c]{2}-[0-9]{1,3}", c.text) and c.finish_reason == "stop"
+    assert len(outs[4].outputs[0].token_ids) == 20 or outs[4].outputs[0].finish_reason == "stop"
+
+
+def test_offline_api_stop_strings_and_choice(llm):
+    out = llm.generate(["x"], SamplingParams(max_tokens=30, stop=["-"],
+                                             structured_outputs=S(grammar='start: "ab" "-" /[0-9]+/')))[0].outputs[0]
+    assert out.text == "ab" and out.finish_reason == "stop" and out.stop_reason == "-"
+    out = llm.generate(["x"], SamplingParams(max_tokens=30, structured_outputs=S(choice=["left", "right"])))
+    assert out[0].outputs[0].text in ("left", "right")
