@@ -118,3 +118,20 @@ def test_offline_api_stop_strings_and_choice(llm):
     assert out.text == "ab" and out.finish_reason == "stop" and out.stop_reason == "-"
     out = llm.generate(["x"], SamplingParams(max_tokens=30, structured_outputs=S(choice=["left", "right"])))
     assert out[0].outputs[0].text in ("left", "right")
+
+
+def test_chat_with_tools_and_a_named_style_constraint(llm, tmp_path):
+    """LLM.chat(messages, tools=...): the tools reach the template, string arguments in the
+    history are parsed, and structured outputs apply to chat prompts too."""
+    from g906 import StructuredOutputsParams
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}}}}]
+    history = [{"role": "user", "content": "Paris?"},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+               {"role": "tool", "content": "sunny"}, {"role": "user", "content": "ok?"}]
+    out = llm.chat(history, SamplingParams(max_tokens=10, structured_outputs=StructuredOutputsParams(
+        choice=["yes", "no"])), tools=tools, chat_template_kwargs={"enable_thinking": False})
+    assert "get_weather" in out[0].prompt and '"city": "Paris"' in out[0].prompt
+    assert out[0].outputs[0].text in ("yes", "no")
