@@ -223,7 +223,7 @@ class LLMEngine:
 
         spec = params.structured_outputs
         after = self.grammars.encode(spec.after) if spec.after else None
-        return Guide(self.grammars.matcher(spec), after)
+        return Guide(self.grammars.matcher(spec), after, sorted(self.eos_token_ids))
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, mm=None) -> None:
         """mm: the prompt's images (MultimodalInputs from VisionRuntime.expand), encoded here once."""

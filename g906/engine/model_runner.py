@@ -324,7 +324,9 @@ class ModelRunner:
 
         bitmask = allocate(len(guided), int(self.config.vocab_size))
         for r, j in enumerate(guided):
-            batch.seqs[sampling[j]].guide.fill(bitmask, r)
+            s = batch.seqs[sampling[j]]
+            p = s.params
+            s.guide.fill(bitmask, r, allow_eos=not p.ignore_eos and s.num_output_tokens + 1 >= p.min_tokens)
         return guided, bitmask
 
 

@@ -135,3 +135,22 @@ def test_chat_with_tools_and_a_named_style_constraint(llm, tmp_path):
         choice=["yes", "no"])), tools=tools, chat_template_kwargs={"enable_thinking": False})
     assert "get_weather" in out[0].prompt and '"city": "Paris"' in out[0].prompt
     assert out[0].outputs[0].text in ("yes", "no")
+
+
+def test_ignore_eos_and_min_tokens_keep_an_open_grammar_going(grammars, llm):
+    guide = Guide(grammars.matcher(S(regex="[ab]*")), None, EOS)
+    bm = allocate(2, 434)
+    guide.fill(bm, 0)
+    guide.fill(bm, 1, allow_eos=False)
+    ok = allowed(bm, 434, torch.device("cpu"))
+    assert ok[0, EOS].all() and not ok[1, EOS].any() and ok[1].sum() == ok[0].sum() - len(EOS)
+    outs = llm.generate(["q"] * 2, [SamplingParams(max_tokens=12, ignore_eos=True, seed=3,
+                                                   structured_outputs=S(regex="[ab]*")),
+                                    SamplingParams(max_tokens=12, min_tokens=12, seed=4,
+                                                   structured_outputs=S(regex="[ab]*"))])
+    for o in outs:
+        assert len(o.outputs[0].token_ids) == 12 and re.fullmatch("[ab]*", o.outputs[0].text)
+    done = Guide(grammars.matcher(S(choice=["a"])), None, EOS)
+    done.accept(build_tokenizer().encode("a")[0])
+    done.fill(bm, 0, allow_eos=False)     # a complete grammar: the end stays allowed
+    assert allowed(bm, 434, torch.device("cpu"))[0, EOS].all()

@@ -11,8 +11,9 @@ from typing import Any
 
 
 class Guide:
-    def __init__(self, matcher: Any, after_ids: list[int] | None = None):
+    def __init__(self, matcher: Any, after_ids: list[int] | None = None, eos_ids: list[int] | None = None):
         self.matcher = matcher
+        self.eos_ids = list(eos_ids or [])
         self.after_ids = list(after_ids or [])
         self.active = not self.after_ids
         self._recent: list[int] = []
@@ -22,10 +23,18 @@ class Guide:
         """Whether the next token is constrained."""
         return self.active and not self.matcher.is_stopped()
 
-    def fill(self, bitmask, row: int) -> None:
-        """Write the allowed next tokens into row `row` of an int32 CPU bitmask (contiguous)."""
+    def fill(self, bitmask, row: int, *, allow_eos: bool = True) -> None:
+        """Write the allowed next tokens into row `row` of an int32 CPU bitmask (contiguous).
+        allow_eos=False (ignore_eos, or min_tokens not reached): the end of the output is not
+        offered where the grammar could go on, so that it does not end the sequence early."""
         v = bitmask[row]
         self.matcher.unsafe_compute_mask_ptr(v.data_ptr(), v.numel() * v.element_size())
+        if not allow_eos and self.eos_ids:
+            saved = v.clone()
+            for t in self.eos_ids:
+                v[t // 32] &= (~(1 << (t % 32)) + 2**31) % 2**32 - 2**31     # as a signed int32
+            if not v.any():           # the grammar is complete: the end is all that is left
+                v.copy_(saved)
 
     def accept(self, token: int) -> None:
         if not self.active:
