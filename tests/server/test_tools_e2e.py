@@ -98,6 +98,10 @@ def stream_message(client, **kw):
     return content or None, [tuple(calls[i]) for i in sorted(calls)], finish
 
 
+STREAMED = {"single", "content_then_parallel", "typed", "nullable", "nested_object", "closing_tag_inside_a_value",
+            "unknown_function", "invalid_json_object", "missing_closing_tags", "plain_text"}
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_fixed_outputs_parse_as_vllm_does(tclient, name):
     text, content, calls = CASES[name]
@@ -108,6 +112,8 @@ def test_fixed_outputs_parse_as_vllm_does(tclient, name):
     assert [(c.function.name, json.loads(c.function.arguments)) for c in msg.tool_calls or []] == calls
     assert all(c.id.startswith("call_") and c.type == "function" for c in msg.tool_calls or [])
     assert r.choices[0].finish_reason == ("tool_calls" if calls else "stop")
+    if name not in STREAMED:
+        return          # the assembler's property test covers every split of every output
     s_content, s_calls, s_finish = stream_message(tclient, **kw)
     assert s_content == content
     assert [(n, json.loads(a)) for _, n, a in s_calls] == calls
@@ -147,7 +153,7 @@ def _check_calls(calls, allowed):
         jsonschema.validate(json.loads(args), SCHEMAS[name])
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(3))
 def test_tool_choice_required_gives_schema_valid_calls(tclient, seed):
     kw = dict(model="tiny", messages=USER, tools=SMALL, tool_choice="required", max_tokens=600, seed=seed,
               extra_body=NO_THINK)
@@ -163,7 +169,7 @@ def test_tool_choice_required_gives_schema_valid_calls(tclient, seed):
 @pytest.mark.parametrize("seed", range(3))
 def test_named_tool_choice_calls_that_function(tclient, seed):
     r = tclient.chat.completions.create(
-        model="tiny", messages=USER, tools=SMALL, max_tokens=600, seed=seed, n=2,
+        model="tiny", messages=USER, tools=SMALL, max_tokens=200, seed=seed, n=2,
         tool_choice={"type": "function", "function": {"name": "configure"}})
     for ch in r.choices:   # thinking on: the reasoning is free, the call follows </think> (if it came)
         if ch.finish_reason == "tool_calls":
