@@ -16,8 +16,7 @@ from g906.server.generation import GenerationRequest, Prompt, openai_sampling_pa
 from g906.server.intake import parse_request
 from g906.server.openai_answers import chat_full, chat_stream, send_answer
 from g906.server.state import ServerState, state_of
-from g906.server.parsers import REASONING, make_parser
-from g906.server.structured import check_compiles, openai_constraint, tool_constraint, with_reasoning
+from g906.server.structured import chat_constraint, openai_constraint
 from g906.server.tools import openai_tool_choice, openai_tools
 
 
@@ -42,13 +41,6 @@ async def generation_request(st: ServerState, req: P.ChatCompletionRequest) -> G
     tool_choice = openai_tool_choice(req.tool_choice, tools)
     parallel = req.parallel_tool_calls is not False
     constraint, source = openai_constraint(req)
-    forced = tool_constraint(tool_choice, tools, parallel=parallel, tool_parser=st.tool_parser,
-                             architecture=st.architecture)
-    if forced is not None:
-        if constraint is not None:
-            raise bad_request(f"tool_choice {tool_choice.mode!r} already constrains the output; drop {source}",
-                              param=source)
-        constraint, source = forced, "tool_choice"
     images: list[str] = []
     try:
         prompt_text = st.prompts.render_chat(
@@ -71,11 +63,8 @@ async def generation_request(st: ServerState, req: P.ChatCompletionRequest) -> G
         except G906Error as exc:
             raise bad_request(exc.message, param="messages", code="invalid_image") from None
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    if constraint is not None:
-        reasoning = make_parser(REASONING, st.reasoning_parser, prompt_text, st.architecture)
-        constraint = with_reasoning(constraint, reasoning.end_tag if reasoning is not None and reasoning.opened
-                                    else None)
-        check_compiles(st.engine.engine, constraint, source)
+    constraint = chat_constraint(st, constraint, source, tools=tools, tool_choice=tool_choice, parallel=parallel,
+                                 prompt_text=prompt_text)
     params = openai_sampling_params(req, max_tokens=req.max_completion_tokens or req.max_tokens,
                                     prompt_len=len(ids), max_model_len=st.max_model_len, logprobs=logprobs,
                                     prompt_param="messages", structured=constraint)

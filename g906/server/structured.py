@@ -15,7 +15,7 @@ from typing import Any
 from g906.engine.structured import StructuredOutputsError, StructuredOutputsParams
 from g906.server import protocol as P
 from g906.server.errors import bad_request
-from g906.server.parsers import TOOL, PARSERS, parser_name
+from g906.server.parsers import REASONING, TOOL, PARSERS, make_parser, parser_name
 from g906.server.parsers.base import ToolSpec
 from g906.server.tools import ToolChoice
 
@@ -96,3 +96,25 @@ def check_compiles(engine: Any, spec: StructuredOutputsParams | None, param: str
         engine.grammars.compile(spec)
     except StructuredOutputsError as exc:
         raise bad_request(f"{param}: {exc}", param=param) from None
+
+
+def chat_constraint(st: Any, constraint: StructuredOutputsParams | None, source: str | None, *,
+                    tools: list[ToolSpec], tool_choice: ToolChoice, parallel: bool,
+                    prompt_text: str | None) -> StructuredOutputsParams | None:
+    """The constraint of a chat request, whichever dialect it came in: its own (`constraint`,
+    set by the field `source`) or its tool choice's (not both), applied after the reasoning when
+    the prompt opened it, and compiled for the model (400s naming the field otherwise).
+    st: the ServerState (its parsers, architecture and engine)."""
+    forced = tool_constraint(tool_choice, tools, parallel=parallel, tool_parser=st.tool_parser,
+                             architecture=st.architecture)
+    if forced is not None:
+        if constraint is not None:
+            raise bad_request(f"tool_choice {tool_choice.mode!r} already constrains the output; drop {source}",
+                              param=source)
+        constraint, source = forced, "tool_choice"
+    if constraint is None:
+        return None
+    reasoning = make_parser(REASONING, st.reasoning_parser, prompt_text, st.architecture)
+    constraint = with_reasoning(constraint, reasoning.end_tag if reasoning is not None and reasoning.opened else None)
+    check_compiles(st.engine.engine, constraint, source)
+    return constraint

@@ -237,6 +237,8 @@ BAD = [
     ({"tools": [{"type": "retrieval"}]}, "tools.0.type"),
     ({"tools": SMALL, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tools": SMALL, "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "wat"}}}}}], "tool_choice": "required"}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
     ({"structured_outputs": {"regex": "a(b"}}, "structured_outputs"),
     ({"structured_outputs": {"json": {"type": "wat"}}}, "structured_outputs"),
