@@ -96,6 +96,7 @@ class StructuredOutputs(_Req):
     choice: list[str] | None = None
     grammar: str | None = Field(None, description="A Lark (llguidance) or GBNF grammar.")
     json_object: bool | None = None
+    disable_any_whitespace: bool = Field(False, description="JSON without free whitespace (compact).")
 
 
 class _SamplingFields(_Req):

@@ -34,9 +34,8 @@ def openai_constraint(req: P._SamplingFields) -> tuple[StructuredOutputsParams |
     if so is not None:
         fields = {"json": so.json_, "regex": so.regex, "choice": so.choice, "grammar": so.grammar,
                   "json_object": so.json_object}
-        extra = so.model_extra or {}
-        found.append((_make("structured_outputs", **fields,
-                            disable_any_whitespace=bool(extra.get("disable_any_whitespace"))), "structured_outputs"))
+        found.append((_make("structured_outputs", **fields, disable_any_whitespace=so.disable_any_whitespace),
+                      "structured_outputs"))
     for name, key in (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
                       ("guided_grammar", "grammar")):
         value = getattr(req, name)

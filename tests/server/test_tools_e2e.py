@@ -217,6 +217,10 @@ def test_regex_and_choice_on_completions_and_chat(tclient, seed):
     r = tclient.chat.completions.create(model="tiny", messages=USER, max_tokens=20, seed=seed,
                                         extra_body={**NO_THINK, "guided_regex": pattern})
     assert re.fullmatch(pattern, r.choices[0].message.content)
+    r = tclient.completions.create(model="tiny", prompt="{", max_tokens=120, seed=seed, extra_body={
+        "structured_outputs": {"json": PERSON, "disable_any_whitespace": True}})
+    assert r.choices[0].text.startswith('{"') and " " not in r.choices[0].text.split('"name":')[0]
+    jsonschema.validate(json.loads(r.choices[0].text), PERSON)
     r = tclient.completions.create(model="tiny", prompt="x", max_tokens=30, seed=seed, stop=["-"],
                                    extra_body={"structured_outputs": {"grammar": 'start: "ab" "-" /[0-9]+/'}})
     assert r.choices[0].text == "ab" and r.choices[0].finish_reason == "stop"   # a stop string still stops
