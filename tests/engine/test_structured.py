@@ -133,7 +133,7 @@ def test_chat_with_tools_and_a_named_style_constraint(llm, tmp_path):
                {"role": "tool", "content": "sunny"}, {"role": "user", "content": "ok?"}]
     out = llm.chat(history, SamplingParams(max_tokens=10, structured_outputs=StructuredOutputsParams(
         choice=["yes", "no"])), tools=tools, chat_template_kwargs={"enable_thinking": False})
-    assert "get_weather" in out[0].prompt and '"city": "Paris"' in out[0].prompt
+    assert "get_weather" in out[0].prompt and "<parameter=city>\nParis\n</parameter>" in out[0].prompt
     assert out[0].outputs[0].text in ("yes", "no")
 
 
