@@ -322,7 +322,12 @@ class ModelRunner:
             return None
         from g906.engine.structured.mask import allocate
 
-        bitmask = allocate(len(guided), int(self.config.vocab_size))
+        buf = getattr(self, "_mask_buf", None)
+        if buf is None or buf.shape[0] < len(guided):
+            # pinned once and reused: the previous step's copy from it has finished, since a
+            # constrained step waits for the tokens of the one before
+            buf = self._mask_buf = allocate(max(len(guided), self.max_num_seqs), int(self.config.vocab_size))
+        bitmask = buf[: len(guided)]
         for r, j in enumerate(guided):
             s = batch.seqs[sampling[j]]
             p = s.params
