@@ -154,3 +154,15 @@ def test_ignore_eos_and_min_tokens_keep_an_open_grammar_going(grammars, llm):
     done.accept(build_tokenizer().encode("a")[0])
     done.fill(bm, 0, allow_eos=False)     # a complete grammar: the end stays allowed
     assert allowed(bm, 434, torch.device("cpu"))[0, EOS].all()
+
+
+def test_masks_reach_only_their_rows(llm):
+    """A seeded unconstrained request gives the same tokens alone and batched beside constrained
+    ones (each row's mask is its own; the others' steps are not pipelined but sample the same)."""
+    free = SamplingParams(max_tokens=16, seed=11, ignore_eos=True)
+    alone = llm.generate(["neighbour"], free)[0].outputs[0].token_ids
+    mixed = llm.generate(["a", "neighbour", "b"], [
+        SamplingParams(max_tokens=16, seed=1, structured_outputs=S(regex="[0-9]{16}")), free,
+        SamplingParams(max_tokens=16, seed=2, structured_outputs=S(choice=["x" * 5]))])
+    assert mixed[1].outputs[0].token_ids == alone
+    assert re.fullmatch("[0-9]{16}", mixed[0].outputs[0].text) and mixed[2].outputs[0].text == "xxxxx"
