@@ -6,7 +6,7 @@ The offline API (`LLM`, `SamplingParams`) is imported lazily so that
 
 from g906.version import __version__
 
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "__version__"]
 
 
 def __getattr__(name: str):
@@ -18,4 +18,8 @@ def __getattr__(name: str):
         from g906.engine.sampling_params import SamplingParams
 
         return SamplingParams
+    if name == "StructuredOutputsParams":
+        from g906.engine.structured import StructuredOutputsParams
+
+        return StructuredOutputsParams
     raise AttributeError(f"module 'g906' has no attribute {name!r}")

@@ -68,6 +68,8 @@ MANAGED_FLAGS: dict[str, str] = {
     "--skip-mm-profiling": "engine.vllm.skip_mm_profiling",
     "--no-skip-mm-profiling": "engine.vllm.skip_mm_profiling",
     "--api-key": "server.api_key_env",
+    "--tool-call-parser": "server.tool_parser",
+    "--enable-auto-tool-choice": "server.tool_parser",
 }
 
 # The vLLM parser names that serve recipe value engine.reasoning_parser, best first.
@@ -183,9 +185,38 @@ def _mm_value(plan, install: VllmInstall) -> tuple[str | None, str | None]:
     return json.dumps(obj), None
 
 
+def _arch_default(plan, kind: str) -> str:
+    """The parser the model's architecture names (g906.arch) for a recipe value "auto"."""
+    from g906.arch import lookup
+
+    arch = lookup(getattr(plan, "architecture", None))
+    name = getattr(arch, f"{kind}_parser", None) if arch is not None else None
+    return name or "none"
+
+
+def _tool_parser(plan, install: VllmInstall) -> tuple[str | None, str | None]:
+    """(vLLM's --tool-call-parser name, problem): server.tool_parser, "auto" from the architecture.
+    g906's parser names are vLLM's (qwen3_coder reads the same format)."""
+    want = getattr(plan, "tool_parser", "auto") or "auto"
+    if want == "auto":
+        want = _arch_default(plan, "tool")
+    if want == "none":
+        return None, None
+    info = install.flag("--tool-call-parser")
+    if info is None or not install.supports("--enable-auto-tool-choice"):
+        return None, (f"{install.describe} has no --tool-call-parser / --enable-auto-tool-choice flags "
+                      f"(server.tool_parser = {want!r}); set it to \"none\" or upgrade vLLM")
+    if info.choices is not None and want not in info.choices:
+        return None, (f"{install.describe} has no {want} tool call parser (server.tool_parser); "
+                      f"it offers: {', '.join(info.choices)}")
+    return want, None
+
+
 def _reasoning(plan, install: VllmInstall) -> tuple[str | None, str | None]:
     """(parser name for this vLLM, problem)."""
     want = plan.reasoning_parser or "none"
+    if want == "auto":
+        want = _arch_default(plan, "reasoning")
     if want == "none":
         return None, None
     info = install.flag("--reasoning-parser")
@@ -330,6 +361,13 @@ def _translate(plan, install: VllmInstall, environ: Mapping[str, str]) -> _Built
         if enable is not None and not enable.deprecated:
             add("--enable-reasoning")       # vLLM 0.8 wants it beside --reasoning-parser
         add("--reasoning-parser", parser)
+
+    tool, problem = _tool_parser(plan, install)
+    if problem:
+        problems.append(problem)
+    elif tool:
+        add("--enable-auto-tool-choice")
+        add("--tool-call-parser", tool)
 
     mm, problem = _mm_value(plan, install)
     if problem:

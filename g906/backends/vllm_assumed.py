@@ -37,6 +37,10 @@ _FLAGS: tuple[FlagInfo, ...] = (
              ["auto", "bfloat16", "float", "float16", "float32", "half"], help="Data type of weights and activations."),
     FlagInfo(["--enforce-eager", "--no-enforce-eager"], help="Always use eager-mode PyTorch (no graphs)."),
     FlagInfo(["--reasoning-parser"], "REASONING_PARSER", help="The parser that splits reasoning from content."),
+    FlagInfo(["--enable-auto-tool-choice", "--no-enable-auto-tool-choice"],
+             help="Enable auto tool choice for supported models (needs --tool-call-parser)."),
+    FlagInfo(["--tool-call-parser"], "TOOL_CALL_PARSER",
+             help="The tool call parser that turns the model's tool calls into the OpenAI format."),
     FlagInfo(["--limit-mm-per-prompt"], "LIMIT_MM_PER_PROMPT",
              help='Per-prompt limit of each modality: counts ({"image": 16, "video": 2}) or the configurable '
                   'format with options ({"image": {"count": 5, "width": 512, "height": 512}}).'),

@@ -129,7 +129,8 @@ def describe_plan(plan) -> dict[str, Any]:
                    "reasoning_parser": plan.reasoning_parser,
                    "max_waiting_requests": emb.max_waiting_requests,
                    "prefill_graph_tokens": emb.prefill_graph_tokens},
-        "server": {"host": plan.host, "port": plan.port, "api_key_env": plan.api_key_env},
+        "server": {"host": plan.host, "port": plan.port, "api_key_env": plan.api_key_env,
+                   "tool_parser": plan.tool_parser},
         "warnings": list(getattr(plan, "warnings", []) or []),
     }
 

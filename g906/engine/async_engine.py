@@ -105,7 +105,8 @@ class AsyncEngine:
         self._post(("abort", request_id))
 
     def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise what generate() would raise at once: EngineDead, QueueFull, ValueError (prompt)."""
+        """Raise what generate() would raise at once: EngineDead, QueueFull, ValueError (prompt,
+        or a structured-outputs constraint the engine cannot compile)."""
         if self.dead is not None or self._stopping or not self.running:
             raise EngineDead("the engine is not running")
         if not self._accepting:
@@ -117,6 +118,7 @@ class AsyncEngine:
                 f"max_waiting_requests = {self.max_waiting_requests})"
             )
         self.engine.check_prompt(prompt_token_ids)
+        self.engine.check_params(params)
 
     def generate(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
                  mm=None) -> "RequestStream":

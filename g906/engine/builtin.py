@@ -147,7 +147,8 @@ def build_tokenizer() -> Tokenizer:
 
 
 # A ChatML template in the Qwen3 style, written for g906. The generation prompt opens a think
-# block ("<think>\n"), or an empty one when enable_thinking is false.
+# block ("<think>\n"), or an empty one when enable_thinking is false. Tool calls are written in
+# Qwen3.5's XML format, the one the architecture's tool parser (qwen3_coder) reads.
 CHAT_TEMPLATE = """\
 {%- macro text_of(content) -%}
 {%- if content is string -%}{{ content }}
@@ -160,7 +161,7 @@ CHAT_TEMPLATE = """\
 {%- if sys_first %}{{- text_of(messages[0].content) + '\\n\\n' }}{%- endif %}
 {{- '# Tools\\n\\nYou can call these functions. Their signatures are inside <tools></tools>:\\n<tools>' }}
 {%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}
-{{- '\\n</tools>\\n\\nTo call a function, answer with a JSON object inside <tool_call></tool_call>:\\n<tool_call>\\n{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}
+{{- '\\n</tools>\\n\\nTo call a function, answer with one block per call:\\n<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call><|im_end|>\\n' }}
 {%- elif sys_first %}
 {{- '<|im_start|>system\\n' + text_of(messages[0].content) + '<|im_end|>\\n' }}
 {%- endif %}
@@ -175,9 +176,11 @@ CHAT_TEMPLATE = """\
 {{- text_of(message.content) if message.content is not none else '' }}
 {%- for call in (message.tool_calls or []) %}
 {%- set fn = call.function if call.function is defined else call %}
-{{- '\\n<tool_call>\\n{"name": "' + fn.name + '", "arguments": ' }}
-{%- if fn.arguments is string %}{{- fn.arguments }}{%- else %}{{- fn.arguments | tojson }}{%- endif %}
-{{- '}\\n</tool_call>' }}
+{{- '\\n<tool_call>\\n<function=' + fn.name + '>\\n' }}
+{%- if fn.arguments is mapping %}{%- for key, value in fn.arguments | items %}
+{{- '<parameter=' + key + '>\\n' + (value | tojson if value is mapping or (value is sequence and value is not string) else value | string) + '\\n</parameter>\\n' }}
+{%- endfor %}{%- endif %}
+{{- '</function>\\n</tool_call>' }}
 {%- endfor %}
 {{- '<|im_end|>\\n' }}
 {%- elif message.role == 'tool' %}

@@ -64,6 +64,30 @@ def _plain(value: Any) -> Any:
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
 
+def _arguments_as_objects(messages: list[dict]) -> list[dict]:
+    """Tool calls' `function.arguments` sent as JSON text (OpenAI's shape) parsed to the object
+    templates iterate (Qwen3.5: `arguments|items`); text that is no JSON object stays as it is."""
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if isinstance(calls, list) and any(isinstance(c, dict) and isinstance((c.get("function") or {}).get(
+                "arguments"), str) for c in calls):
+            fixed = []
+            for c in calls:
+                fn = c.get("function") if isinstance(c, dict) else None
+                if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+                    try:
+                        args = json.loads(fn["arguments"])
+                    except ValueError:
+                        args = None
+                    if isinstance(args, dict):
+                        c = {**c, "function": {**fn, "arguments": args}}
+                fixed.append(c)
+            m = {**m, "tool_calls": fixed}
+        out.append(m)
+    return out
+
+
 def _alias_reasoning(messages: list[dict]) -> list[dict]:
     out = []
     for m in messages:
@@ -178,7 +202,7 @@ class ChatTemplate:
         for m in msgs:
             if not isinstance(m, dict):
                 raise G906Error(f"chat messages must be objects, got {m!r}")
-        msgs = _alias_reasoning(msgs)
+        msgs = _alias_reasoning(_arguments_as_objects(msgs))
         kwargs = _plain({**self.special_tokens, **template_kwargs})
         try:
             return self._template.render(

@@ -88,7 +88,7 @@ class PromptBuilder:
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), _token_list(prompt["prompt_token_ids"])
             if "messages" in prompt:
-                text = self.render_chat(prompt["messages"], **kw)
+                text = self.render_chat(prompt["messages"], tools=prompt.get("tools"), **kw)
                 return text, self.encode(text)
             if "prompt" in prompt:
                 return self.build(prompt["prompt"], kw)
@@ -274,9 +274,12 @@ class LLM:
             co.finish_reason = out.finish_reason
             co.stop_reason = out.stop_reason
 
-    def chat(self, messages, sampling_params: SamplingParams | None = None, *,
-             chat_template_kwargs: dict | None = None, use_tqdm: bool = False) -> list[RequestOutput]:
-        """One conversation (a list of messages) or a list of conversations."""
+    def chat(self, messages, sampling_params: SamplingParams | Seq[SamplingParams] | None = None, *,
+             tools: Seq[dict] | None = None, chat_template_kwargs: dict | None = None,
+             use_tqdm: bool = False) -> list[RequestOutput]:
+        """One conversation (a list of messages) or a list of conversations; tools: OpenAI-style
+        function tools for the template (its own tool-call format comes back as text, as in vLLM:
+        parse it with the server's tool parser, g906/server/parsers)."""
         convs = [messages] if _is_chat(messages) else list(messages)
-        return self.generate([{"messages": c} for c in convs], sampling_params,
-                             chat_template_kwargs=chat_template_kwargs, use_tqdm=use_tqdm)
+        return self.generate([{"messages": c, "tools": list(tools) if tools else None} for c in convs],
+                             sampling_params, chat_template_kwargs=chat_template_kwargs, use_tqdm=use_tqdm)

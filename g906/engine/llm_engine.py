@@ -168,6 +168,7 @@ class LLMEngine:
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
         self.num_steps = 0
+        self._grammars = None                         # GrammarCompiler, on the first constrained request
         self._inflight: _Launched | None = None      # a pipelined decode step not yet read
         self.num_lookahead_steps = 0                  # decode steps queued before the last was read
 
@@ -205,6 +206,28 @@ class LLMEngine:
         if bad is not None:
             raise ValueError(f"prompt token id {bad} is outside the vocabulary (0..{vocab - 1})")
 
+    @property
+    def grammars(self):
+        """The structured-outputs compiler for this model's tokenizer (g906/engine/structured)."""
+        if self._grammars is None:
+            from g906.engine.structured.grammar import GrammarCompiler
+
+            self._grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
+        return self._grammars
+
+    def check_params(self, params: SamplingParams) -> None:
+        """Raise StructuredOutputsError (a ValueError naming the problem) for a constraint this
+        model cannot follow; no side effects beyond caching the compiled grammar."""
+        if params.structured_outputs is not None:
+            self.grammars.compile(params.structured_outputs)
+
+    def _guide(self, params: SamplingParams):
+        from g906.engine.structured.guide import Guide
+
+        spec = params.structured_outputs
+        after = self.grammars.encode(spec.after) if spec.after else None
+        return Guide(self.grammars.matcher(spec), after, sorted(self.eos_token_ids))
+
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, mm=None) -> None:
         """mm: the prompt's images (MultimodalInputs from VisionRuntime.expand), encoded here once."""
         if request_id in self._requests:
@@ -220,6 +243,8 @@ class LLMEngine:
             self.vision.encode(mm)
         seq = Sequence(request_id, [int(t) for t in prompt_token_ids], params)
         seq.mm = mm
+        if params.structured_outputs is not None:
+            seq.guide = self._guide(params)
         req = _Request(seq, make_detokenizer(self.tokenizer, params.skip_special_tokens),
                        StopStrings(params.stop, params.include_stop_str_in_output))
         self._requests[request_id] = req
@@ -273,8 +298,8 @@ class LLMEngine:
             return False
         for s in batch.seqs:
             p = s.params
-            if p.has_penalties or s.num_tokens + 1 >= self.max_model_len:
-                return False
+            if p.has_penalties or s.guide is not None or s.num_tokens + 1 >= self.max_model_len:
+                return False      # (a constrained step's mask needs the token before it)
             if p.max_tokens is not None and s.num_output_tokens + 1 >= p.max_tokens:
                 return False
         return True
@@ -339,6 +364,13 @@ class LLMEngine:
         seq, params = req.seq, req.seq.params
         num_out = upto - seq.num_prompt_tokens
         reason, stop_tok = token_stop(params, token, num_out, upto, self.eos_token_ids, self.max_model_len)
+        guide = seq.guide
+        if guide is not None:
+            guide.accept(token)
+            if reason is None and (guide.finished or guide.error):
+                if guide.error:
+                    log.warning("request %s: its output left the grammar (%s); stopped", seq.request_id, guide.error)
+                reason = "stop"       # the grammar is complete: nothing may follow
         token_text = ""
         if reason == "stop" and stop_tok is not None and not params.include_stop_str_in_output:
             text = ""  # eos / stop token: its text is not part of the output

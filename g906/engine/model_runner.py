@@ -311,7 +311,28 @@ class ModelRunner:
                 output_token_ids=s.output_token_ids if p.has_penalties else None,
             ))
         return PendingStep([batch.seqs[i].seq_id for i in sampling],
-                           self.sampler.launch(logits, rows, argmax=greedy))
+                           self.sampler.launch(logits, rows, argmax=greedy, mask=self._masks(batch, sampling)))
+
+    def _masks(self, batch: ScheduledBatch, sampling: list[int]):
+        """The token masks of the constrained rows (structured outputs), computed on the CPU
+        while the device runs the step's forward: (rows, bitmask), or None."""
+        guided = [j for j, i in enumerate(sampling)
+                  if batch.seqs[i].guide is not None and batch.seqs[i].guide.constrains]
+        if not guided:
+            return None
+        from g906.engine.structured.mask import allocate
+
+        buf = getattr(self, "_mask_buf", None)
+        if buf is None or buf.shape[0] < len(guided):
+            # pinned once and reused: the previous step's copy from it has finished, since a
+            # constrained step waits for the tokens of the one before
+            buf = self._mask_buf = allocate(max(len(guided), self.max_num_seqs), int(self.config.vocab_size))
+        bitmask = buf[: len(guided)]
+        for r, j in enumerate(guided):
+            s = batch.seqs[sampling[j]]
+            p = s.params
+            s.guide.fill(bitmask, r, allow_eos=not p.ignore_eos and s.num_output_tokens + 1 >= p.min_tokens)
+        return guided, bitmask
 
 
 class PendingStep:

@@ -131,11 +131,14 @@ class Sampler:
         return self.launch(logits, rows).result()
 
     def launch(self, logits: torch.Tensor, rows: list[SamplerRow],
-               argmax: torch.Tensor | None = None) -> "PendingSample":
+               argmax: torch.Tensor | None = None,
+               mask: "tuple[list[int], torch.Tensor] | None" = None) -> "PendingSample":
         """Queue the sampling work on the device and start the copies of its results to the
         host; PendingSample.result() waits for them. Everything that reads `logits` is queued
         here, so the caller may overwrite them (replay the next decode graph) right after.
-        argmax: the rows' argmax of `logits` if already computed (the decode graphs do it)."""
+        argmax: the rows' argmax of `logits` if already computed (the decode graphs do it).
+        mask: (rows, int32 bitmask on the CPU) of the constrained rows (structured outputs): their
+        disallowed tokens are never sampled (logprobs stay the model's own)."""
         if logits.shape[0] != len(rows):
             raise ValueError(f"{logits.shape[0]} rows of logits for {len(rows)} requests")
         if not rows:
@@ -144,8 +147,13 @@ class Sampler:
         params = [r.params for r in rows]
         want_lp = [p.logprobs is not None for p in params]
         raw_lp = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
-        x = self._penalize(logits, rows)
-        if x is not logits:                                # penalised: the given argmax is stale
+        x = logits
+        if mask is not None and mask[0]:
+            from g906.engine.structured.mask import apply
+
+            x = apply(x, mask[0], mask[1])
+        x = self._penalize(x, rows)
+        if x is not logits:                                # masked or penalised: the given argmax is stale
             argmax = None
         if argmax is None and any(p.greedy for p in params):
             argmax = x.argmax(dim=-1)

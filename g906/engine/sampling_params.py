@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from g906.engine.structured.params import StructuredOutputsParams
+
 _GREEDY_EPS = 1e-5
 MAX_LOGPROBS = 20
 
@@ -30,6 +32,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logprobs: int | None = None        # number of top logprobs per step (0: only the sampled token's)
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None   # constrained decoding (g906/engine/structured)
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -81,6 +84,8 @@ class SamplingParams:
         for t in self.stop_token_ids:
             if not isinstance(t, int) or t < 0:
                 raise bad("stop_token_ids", "entries must be non-negative token ids")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise bad("structured_outputs", "must be a StructuredOutputsParams")
 
     @property
     def greedy(self) -> bool:

@@ -188,6 +188,7 @@ def _resolve(recipe: Recipe, recipe_path: str | os.PathLike | None, check_files:
         engine_kind=recipe.engine.kind,
         enforce_eager=recipe.engine.enforce_eager,
         reasoning_parser=recipe.engine.reasoning_parser,
+        tool_parser=recipe.server.tool_parser,
         host=recipe.server.host,
         port=recipe.server.port,
         api_key_env=recipe.server.api_key_env,

@@ -213,8 +213,9 @@ class EngineSection(_Strict):
         "embedded", description="embedded = g906's own engine; vllm = hand over to an installed vLLM."
     )
     enforce_eager: bool = Field(False, description="Disable CUDA/HIP graphs (decode and prefill).")
-    reasoning_parser: Literal["none", "qwen3"] = Field(
-        "none", description="qwen3 splits <think>...</think> into reasoning_content."
+    reasoning_parser: Literal["none", "auto", "qwen3"] = Field(
+        "none", description="qwen3 splits <think>...</think> into reasoning_content; auto: the model "
+        "architecture's own parser (qwen3 for Qwen3.5)."
     )
     embedded: EmbeddedOptions = Field(default_factory=EmbeddedOptions, description="Options of the embedded engine.")
     vllm: VllmOptions = Field(default_factory=VllmOptions, description="Options of the vLLM handoff.")
@@ -240,6 +241,11 @@ class ServerSection(_Strict):
         "info", description="Log level of the server's messages (debug also shows the HTTP server's own)."
     )
     access_log: bool = Field(False, description="Log one line per HTTP request (method, path, status).")
+    tool_parser: Literal["auto", "none", "qwen3_coder"] = Field(
+        "auto", description="How tool calls are read from answers to requests with tools: qwen3_coder "
+        "(Qwen3.5's <tool_call><function=...> XML); auto: the model architecture's own (qwen3_coder for "
+        "Qwen3.5); none: answers stay text and tool_choice required / named are refused."
+    )
 
     @field_validator("api_key_env")
     @classmethod

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from g906.server.generation import GenerationRequest
-from g906.server.parsers import REASONING, make_parser
+from g906.server.parsers import REASONING, TOOL, ToolCall, ToolCallDelta, make_parser
+from g906.server.parsers.base import merge_tool_calls
 
 
 @dataclass
@@ -24,6 +25,7 @@ class ParsedDelta:
     text: str                        # the engine's text, before any parser
     reasoning: str
     content: str
+    tool_calls: list[ToolCallDelta]  # pieces of tool calls this step completed (tool parser)
     logprobs: list                   # the engine's TokenLogprobs of this step's tokens
     text_offset: int                 # where `text` starts in the choice's text (after any echoed prompt)
     finished: bool
@@ -36,6 +38,7 @@ class ChoiceAssembler:
     index: int
     prefix: str = ""                 # text shown before the output: the prompt, when it is echoed
     reasoning_parser: Any = None
+    tool_parser: Any = None
     text: str = ""
     num_tokens: int = 0
     # (text offset, TokenLogprobs) per step: a step's offset is exact even where one token's own
@@ -45,6 +48,7 @@ class ChoiceAssembler:
     stop_reason: str | int | None = None
     _reasoning: list[str] = field(default_factory=list)
     _content: list[str] = field(default_factory=list)
+    _calls: list[ToolCallDelta] = field(default_factory=list)
     _flushed: bool = False
 
     def feed(self, out) -> ParsedDelta:
@@ -53,35 +57,59 @@ class ChoiceAssembler:
         self.num_tokens += len(out.new_token_ids)
         if out.new_logprobs:
             self.logprob_runs.append((offset, list(out.new_logprobs)))
-        reasoning, content = "", out.new_text
-        p = self.reasoning_parser
-        if p is not None:
-            reasoning, content = p.feed(out.new_text)
-            if out.finished:
-                r2, c2 = self._flush()
-                reasoning, content = reasoning + r2, content + c2
-        self._reasoning.append(reasoning)
-        self._content.append(content)
+        reasoning, content, calls = self._parse(out.new_text, out.finished)
         if out.finished:
             self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
         return ParsedDelta(index=self.index, text=out.new_text, reasoning=reasoning, content=content,
-                           logprobs=out.new_logprobs, text_offset=offset, finished=out.finished,
-                           finish_reason=out.finish_reason, stop_reason=out.stop_reason)
+                           tool_calls=calls, logprobs=out.new_logprobs, text_offset=offset, finished=out.finished,
+                           finish_reason=self._finish_reason(out.finish_reason), stop_reason=out.stop_reason)
 
-    def _flush(self) -> tuple[str, str]:
-        self._flushed = True
-        return self.reasoning_parser.finish()
+    def _parse(self, text: str, finished: bool) -> tuple[str, str, list[ToolCallDelta]]:
+        """The output parsers over one delta (and, once it ended, what they held back): the
+        reasoning parser first, the tool parser on the content it leaves."""
+        reasoning, content, calls = "", text, []
+        p, t = self.reasoning_parser, self.tool_parser
+        if p is not None:
+            reasoning, content = p.feed(text)
+            if finished:
+                r2, c2 = p.finish()
+                reasoning, content = reasoning + r2, content + c2
+        if t is not None:
+            content, calls = t.feed(content)
+            if finished:
+                c2, k2 = t.finish()
+                content, calls = content + c2, calls + k2
+        if finished:
+            self._flushed = True
+        self._reasoning.append(reasoning)
+        self._content.append(content)
+        self._calls.extend(calls)
+        return reasoning, content, calls
+
+    def _finish_reason(self, reason: str | None) -> str | None:
+        """A choice that stopped after calling tools finished for "tool_calls" (OpenAI's reason)."""
+        return "tool_calls" if reason == "stop" and self._calls else reason
 
     def answer(self) -> tuple[str | None, str | None]:
-        """The full answer's (reasoning, content); None for a part the output did not have."""
-        p = self.reasoning_parser
-        if p is None:
-            return None, self.text
+        """The full answer's (reasoning, content); None for a part the output did not have (no
+        content when the answer is only tool calls)."""
         if not self._flushed:        # the output ended without a finished delta
-            r, c = self._flush()
-            self._reasoning.append(r)
-            self._content.append(c)
-        return p.answer("".join(self._reasoning), "".join(self._content))
+            self._parse("", True)
+        reasoning, content = None, "".join(self._content)
+        p = self.reasoning_parser
+        if p is not None:
+            reasoning, content = p.answer("".join(self._reasoning), content)
+        if self._calls and not content:
+            content = None
+        return reasoning, content
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return merge_tool_calls(self._calls)
+
+    @property
+    def final_finish_reason(self) -> str | None:
+        return self._finish_reason(self.finish_reason)
 
     @property
     def logprobs(self) -> list:
@@ -93,13 +121,18 @@ class ResponseAssembler:
     prompt k)."""
 
     def __init__(self, request: GenerationRequest, *, reasoning_parser: str | None = None,
-                 architecture: str | None = None, prefixes: list[str] | None = None):
+                 tool_parser: str | None = None, architecture: str | None = None, prefixes: list[str] | None = None):
         self.request = request
         n = request.n
+        if not request.parses_tool_calls:
+            tool_parser = None
+        max_calls = None if request.parallel_tool_calls else 1
         self.choices = [
             ChoiceAssembler(
                 index=k * n + i, prefix=prefixes[k] if prefixes else "",
                 reasoning_parser=make_parser(REASONING, reasoning_parser, p.text, architecture),
+                tool_parser=make_parser(TOOL, tool_parser, p.text, architecture, tools=request.tools,
+                                        max_calls=max_calls),
             )
             for k, p in enumerate(request.prompts) for i in range(n)
         ]

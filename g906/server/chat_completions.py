@@ -3,6 +3,8 @@ its placeholders), one generation request, and the answer in full or streamed.""
 
 from __future__ import annotations
 
+import json
+
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -15,6 +17,8 @@ from g906.server.generation import GenerationRequest, Prompt, openai_sampling_pa
 from g906.server.intake import parse_request
 from g906.server.openai_answers import chat_full, chat_stream, send_answer
 from g906.server.state import ServerState, state_of
+from g906.server.structured import chat_constraint, openai_constraint
+from g906.server.tools import openai_tool_choice, openai_tools
 
 
 async def chat_completions(request: Request) -> Response:
@@ -22,7 +26,8 @@ async def chat_completions(request: Request) -> Response:
     req, ignored = await parse_request(request, st, P.ChatCompletionRequest)
     assert isinstance(req, P.ChatCompletionRequest)
     greq = await generation_request(st, req)
-    asm = ResponseAssembler(greq, reasoning_parser=st.reasoning_parser, architecture=st.architecture)
+    asm = ResponseAssembler(greq, reasoning_parser=st.reasoning_parser, tool_parser=st.tool_parser,
+                            architecture=st.architecture)
     streams = start(st, greq)
     eng = st.engine.engine
     if req.stream:
@@ -33,9 +38,10 @@ async def chat_completions(request: Request) -> Response:
 
 
 async def generation_request(st: ServerState, req: P.ChatCompletionRequest) -> GenerationRequest:
-    if req.response_format is not None and req.response_format.type != "text":
-        raise bad_request(f"response_format {req.response_format.type!r} is not supported (only \"text\")",
-                          param="response_format")
+    tools = openai_tools(req.tools)
+    tool_choice = openai_tool_choice(req.tool_choice, tools)
+    parallel = req.parallel_tool_calls is not False
+    constraint, source = openai_constraint(req)
     images: list[str] = []
     messages = template_messages(req, images)
     check_prompt_bytes(st, _text_bytes(messages), param="messages")
@@ -61,11 +67,15 @@ async def generation_request(st: ServerState, req: P.ChatCompletionRequest) -> G
         except G906Error as exc:
             raise bad_request(exc.message, param="messages", code="invalid_image") from None
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    constraint = chat_constraint(st, constraint, source, tools=tools, tool_choice=tool_choice, parallel=parallel,
+                                 prompt_text=prompt_text)
     params = openai_sampling_params(req, max_tokens=req.max_completion_tokens or req.max_tokens,
                                     prompt_len=len(ids), max_model_len=st.max_model_len, logprobs=logprobs,
-                                    prompt_param="messages")
+                                    prompt_param="messages", structured=constraint)
     return GenerationRequest(request_id=P.new_id("chatcmpl"), model=st.served_model_name,
-                             prompts=[Prompt(ids=ids, text=prompt_text, mm=mm)], params=[params], n=req.n)
+                             prompts=[Prompt(ids=ids, text=prompt_text, mm=mm)], params=[params], n=req.n,
+                             tools=tools, tool_choice=tool_choice,
+                             parallel_tool_calls=parallel)
 
 
 def _text_bytes(messages: list[dict]) -> int:
@@ -97,5 +107,35 @@ def template_messages(req: P.ChatCompletionRequest, images: list[str] | None = N
                                       "by this server (text and image_url only)", param=f"messages.{i}.content")
                 texts.append(part.text)
             d["content"] = "".join(texts)
+        if m.tool_calls is not None:
+            d["tool_calls"] = template_tool_calls(m.tool_calls, f"messages.{i}.tool_calls")
         out.append(d)
+    return out
+
+
+def template_tool_calls(calls: list[dict], param: str) -> list[dict]:
+    """An assistant turn's tool calls as the template takes them: `function.arguments` as an object.
+
+    Clients send arguments back as the JSON string the server gave them (OpenAI's shape), while
+    chat templates iterate them as a mapping (Qwen3.5: `arguments|items`); a string is parsed here,
+    as vLLM does, and anything that is not a JSON object is refused, naming the call."""
+    out = []
+    for j, call in enumerate(calls):
+        where = f"{param}.{j}"
+        fn = call.get("function")
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise bad_request(f"{where}: a tool call needs function.name (a non-empty string)", param=where)
+        args = fn.get("arguments", {})
+        if args is None:
+            args = {}
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except json.JSONDecodeError as exc:
+                raise bad_request(f"{where}.function.arguments is not valid JSON: {exc}",
+                                  param=f"{where}.function.arguments") from None
+        if not isinstance(args, dict):
+            raise bad_request(f"{where}.function.arguments must be a JSON object (or its JSON text), "
+                              f"not {type(args).__name__}", param=f"{where}.function.arguments")
+        out.append({**call, "function": {**fn, "arguments": args}})
     return out

@@ -14,6 +14,7 @@ from g906.server.generation import GenerationRequest, Prompt, admit, openai_samp
 from g906.server.intake import parse_request
 from g906.server.openai_answers import completion_full, completion_stream, send_answer
 from g906.server.state import ServerState, state_of
+from g906.server.structured import check_compiles, openai_constraint
 
 
 async def completions(request: Request) -> Response:
@@ -23,8 +24,11 @@ async def completions(request: Request) -> Response:
     if req.suffix:
         raise bad_request("suffix is not supported", param="suffix")
     prompts = await _prompts(st, req)
+    constraint, source = openai_constraint(req)
+    check_compiles(st.engine.engine, constraint, source)
     params = [openai_sampling_params(req, max_tokens=req.max_tokens, prompt_len=len(p.ids),
-                                     max_model_len=st.max_model_len, logprobs=req.logprobs, prompt_param="prompt")
+                                     max_model_len=st.max_model_len, logprobs=req.logprobs, prompt_param="prompt",
+                                     structured=constraint)
               for p in prompts]
     greq = GenerationRequest(request_id=P.new_id("cmpl"), model=st.served_model_name, prompts=prompts,
                              params=params, n=req.n)

@@ -32,6 +32,14 @@ class GenerationRequest:
     params: list[Any]                # SamplingParams, one per prompt
     n: int                           # choices per prompt
     created: int = field(default_factory=P.now)
+    tools: list = field(default_factory=list)        # ToolSpec (g906/server/parsers/base.py)
+    tool_choice: Any = None                          # ToolChoice (g906/server/tools.py); None: no tools
+    parallel_tool_calls: bool = True
+
+    @property
+    def parses_tool_calls(self) -> bool:
+        """Whether the answers are searched for tool calls (tools offered, and not tool_choice "none")."""
+        return bool(self.tools) and self.tool_choice is not None and self.tool_choice.mode != "none"
 
     @property
     def num_choices(self) -> int:
@@ -61,8 +69,9 @@ def max_tokens_in_context(requested: int | None, *, prompt_len: int, max_model_l
 
 
 def openai_sampling_params(req: P._SamplingFields, *, max_tokens: int | None, prompt_len: int,
-                           max_model_len: int, logprobs: int | None, prompt_param: str):
-    """The engine's SamplingParams from the sampling fields both OpenAI requests share."""
+                           max_model_len: int, logprobs: int | None, prompt_param: str, structured=None):
+    """The engine's SamplingParams from the sampling fields both OpenAI requests share;
+    structured: the request's StructuredOutputsParams (g906/server/structured.py), if any."""
     from g906.engine.sampling_params import SamplingParams
 
     max_tokens = max_tokens_in_context(max_tokens, prompt_len=prompt_len, max_model_len=max_model_len,
@@ -77,7 +86,7 @@ def openai_sampling_params(req: P._SamplingFields, *, max_tokens: int | None, pr
             max_tokens=max_tokens, min_tokens=min(req.min_tokens, max_tokens), stop=stop,
             stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos,
             include_stop_str_in_output=req.include_stop_str_in_output, logprobs=logprobs,
-            skip_special_tokens=req.skip_special_tokens,
+            skip_special_tokens=req.skip_special_tokens, structured_outputs=structured,
         )
     except ValueError as exc:
         raise bad_request(str(exc), param=getattr(exc, "param", None)) from None

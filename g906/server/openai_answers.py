@@ -55,11 +55,14 @@ async def chat_full(asm: ResponseAssembler, streams: list, eng, *, logprobs: boo
     choices = []
     for c in asm.choices:
         reasoning, content = c.answer()
+        calls = [P.ToolCall(id=t.id, function=P.FunctionCall(name=t.name, arguments=t.arguments))
+                 for t in c.tool_calls]
         choices.append(P.ChatChoice(
             index=c.index,
-            message=P.ResponseMessage(content=content, reasoning_content=reasoning, reasoning=reasoning),
+            message=P.ResponseMessage(content=content, reasoning_content=reasoning, reasoning=reasoning,
+                                      tool_calls=calls),
             logprobs=P.ChoiceLogprobs(content=chat_logprobs(eng, c.logprobs)) if logprobs else None,
-            finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+            finish_reason=c.final_finish_reason, stop_reason=c.stop_reason,
         ))
     return P.ChatCompletionResponse(**_base(asm), choices=choices, usage=_usage(asm))
 
@@ -77,20 +80,34 @@ async def chat_stream(asm: ResponseAssembler, streams: list, eng, opts: P.Stream
         async for k, (i, out) in merge(streams):
             d = asm.feed(k, i, out)
             lp = P.ChoiceLogprobs(content=chat_logprobs(eng, d.logprobs)) if d.logprobs else None
-            if not (d.reasoning or d.content or d.finished or lp):
+            if not (d.reasoning or d.content or d.finished or lp or d.tool_calls):
                 continue
-            delta = P.DeltaMessage(content=d.content or None, reasoning_content=d.reasoning or None,
-                                   reasoning=d.reasoning or None)
-            yield sse_event(P.ChatCompletionChunk(**base, choices=[P.ChatChunkChoice(
-                index=d.index, delta=delta, logprobs=lp,
-                finish_reason=d.finish_reason if d.finished else None,
-                stop_reason=d.stop_reason if d.finished else None)], usage=usage()))
+            # text first, then each piece of a tool call in a chunk of its own (OpenAI's order:
+            # a call's id and name, then its arguments in pieces); the step's finish on the last
+            deltas = []
+            if d.reasoning or d.content or lp or not d.tool_calls:
+                deltas.append((P.DeltaMessage(content=d.content or None, reasoning_content=d.reasoning or None,
+                                              reasoning=d.reasoning or None), lp))
+            deltas += [(P.DeltaMessage(tool_calls=[_delta_call(t)]), None) for t in d.tool_calls]
+            for j, (delta, dlp) in enumerate(deltas):
+                last = j == len(deltas) - 1
+                yield sse_event(P.ChatCompletionChunk(**base, choices=[P.ChatChunkChoice(
+                    index=d.index, delta=delta, logprobs=dlp,
+                    finish_reason=d.finish_reason if d.finished and last else None,
+                    stop_reason=d.stop_reason if d.finished and last else None)], usage=usage()))
         if opts.include_usage:
             yield sse_event(P.ChatCompletionChunk(**base, choices=[], usage=_usage(asm)))
     except Exception as exc:  # noqa: BLE001 - the status line is gone; report in the stream
         log.exception("chat stream failed")
         yield stream_error(exc)
     yield SSE_DONE
+
+
+def _delta_call(t) -> P.DeltaToolCall:
+    if t.name is not None:
+        return P.DeltaToolCall(index=t.index, id=t.id, type="function",
+                               function=P.DeltaFunctionCall(name=t.name, arguments=t.arguments))
+    return P.DeltaToolCall(index=t.index, function=P.DeltaFunctionCall(arguments=t.arguments))
 
 
 # -- completions ------------------------------------------------------------------------------------

@@ -76,8 +76,27 @@ class ChatMessage(_Req):
     reasoning: str | None = None
 
 
+class JsonSchemaFormat(_Req):
+    name: str | None = None
+    description: str | None = None
+    schema_: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
 class ResponseFormat(_Req):
     type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Req):
+    """vLLM's request field: exactly one of the constraints."""
+
+    json_: dict[str, Any] | str | bool | None = Field(None, alias="json", description="A JSON schema (or its text).")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = Field(None, description="A Lark (llguidance) or GBNF grammar.")
+    json_object: bool | None = None
+    disable_any_whitespace: bool = Field(False, description="JSON without free whitespace (compact).")
 
 
 class _SamplingFields(_Req):
@@ -99,6 +118,12 @@ class _SamplingFields(_Req):
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
+    structured_outputs: StructuredOutputs | None = Field(
+        None, description="Constrained decoding: json (a schema), regex, choice or grammar (vLLM's field).")
+    guided_json: dict[str, Any] | str | None = Field(None, description="Alias of structured_outputs.json.")
+    guided_regex: str | None = Field(None, description="Alias of structured_outputs.regex.")
+    guided_choice: list[str] | None = Field(None, description="Alias of structured_outputs.choice.")
+    guided_grammar: str | None = Field(None, description="Alias of structured_outputs.grammar.")
 
     @field_validator("stop")
     @classmethod
@@ -126,7 +151,10 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    tools: list[dict[str, Any]] | None = Field(None, description="Passed to the chat template.")
+    tools: list[dict[str, Any]] | None = Field(None, description="Function tools (to the template; calls parsed back).")
+    tool_choice: str | dict[str, Any] | None = Field(
+        None, description="auto (default with tools), none, required, or {\"type\": \"function\", \"function\": {\"name\": ...}}.")
+    parallel_tool_calls: bool | None = Field(None, description="false: at most one tool call per answer.")
     response_format: ResponseFormat | None = None
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="Extra chat template variables, e.g. {\"enable_thinking\": false}."
@@ -192,19 +220,45 @@ class ChoiceLogprobs(_Resp):
     content: list[TokenLogprob] | None = None
 
 
+class FunctionCall(_Resp):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Resp):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class DeltaFunctionCall(_Resp):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(_Resp):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
+FinishReason = Literal["stop", "length", "abort", "tool_calls"]
+
+
 class ResponseMessage(_Resp):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
-    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(_Resp):
     index: int
     message: ResponseMessage
     logprobs: ChoiceLogprobs | None = None
-    finish_reason: Literal["stop", "length", "abort"] | None
+    finish_reason: FinishReason | None
     stop_reason: str | int | None = None
 
 
@@ -223,13 +277,14 @@ class DeltaMessage(_Resp):
     content: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(_Resp):
     index: int
     delta: DeltaMessage
     logprobs: ChoiceLogprobs | None = None
-    finish_reason: Literal["stop", "length", "abort"] | None = None
+    finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
 
 

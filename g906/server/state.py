@@ -18,6 +18,7 @@ DEFAULT_BODY_TIMEOUT_S = 60.0
 class ServerState:
     served_model_name: str
     reasoning_parser: str = "none"       # a name in g906/server/parsers ("none", "auto" or registered)
+    tool_parser: str = "auto"            # the same, for tool calls (used when a request offers tools)
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S

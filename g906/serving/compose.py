@@ -129,6 +129,7 @@ def build_app(plan: Plan) -> tuple[Any, ServerState]:
     from g906.server.cors import add_cors
 
     state = ServerState(served_model_name=plan.served_model_name, reasoning_parser=plan.reasoning_parser,
+                        tool_parser=plan.tool_parser, architecture=plan.architecture,
                         api_key=api_key_from_env(plan), max_body_bytes=max_body_bytes(),
                         body_timeout_s=plan.recipe.server.body_timeout_s)
     app = create_app(state)

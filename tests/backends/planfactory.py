@@ -54,7 +54,8 @@ def plan_from_recipe(recipe: Recipe, recipe_path: Path | None = None) -> Plan:
         max_num_batched_tokens=recipe.limits.max_num_batched_tokens,
         gpu_memory_utilization=recipe.limits.gpu_memory_utilization, mm_limits=mm,
         engine_kind=recipe.engine.kind, enforce_eager=recipe.engine.enforce_eager,
-        reasoning_parser=recipe.engine.reasoning_parser, host=recipe.server.host, port=recipe.server.port,
+        reasoning_parser=recipe.engine.reasoning_parser, tool_parser=recipe.server.tool_parser,
+        host=recipe.server.host, port=recipe.server.port,
         api_key_env=recipe.server.api_key_env, env=dict(recipe.env),
     )
 

@@ -116,6 +116,7 @@ def test_seed_qwen35_08b(vllm):
         "--gpu-memory-utilization", "0.9",
         "--dtype", "float16",
         "--reasoning-parser", "qwen3_5",
+        "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
         "--limit-mm-per-prompt", '{"image": 0, "video": 0}',
     ]
     assert cmd.env == {"VLLM_USE_MODELSCOPE": "true"}
@@ -135,6 +136,7 @@ def test_seed_27b_gguf_on_two_gpus(vllm):
         "--gpu-memory-utilization", "0.9",
         "--dtype", "float16",
         "--reasoning-parser", "qwen3_5",
+        "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
         "--limit-mm-per-prompt", '{"image": 0, "video": 0}',
     ]
     assert cmd.env == {"HIP_VISIBLE_DEVICES": "0,1"}
@@ -160,7 +162,7 @@ def test_every_recipe_key_reaches_the_command(vllm):
                 "vllm": {"skip_mm_profiling": True, "use_modelscope": True, "gfx906_mobydick_awq": True,
                          "extra_args": ["--kv-cache-dtype", "fp8", "--enable-prefix-caching"]
                          if False else ["--kv-cache-dtype", "fp8", "--block-size=32", "--trust-remote-code"]}},
-        server={"host": "0.0.0.0", "port": 9001, "api_key_env": "G906_TEST_KEY"},
+        server={"host": "0.0.0.0", "port": 9001, "api_key_env": "G906_TEST_KEY", "tool_parser": "qwen3_coder"},
         env={"ROCBLAS_TENSILE_LIBPATH": "/opt/tensile/gfx906", "PYTORCH_ROCM_ARCH": "gfx906"},
     )
     cmd = build_vllm_command(plan, vllm, environ={"G906_TEST_KEY": "sk-secret"})
@@ -175,6 +177,7 @@ def test_every_recipe_key_reaches_the_command(vllm):
         "--gpu-memory-utilization", "0.85",
         "--dtype", "float32",
         "--enforce-eager",
+        "--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder",
         "--limit-mm-per-prompt", '{"image": 2, "video": {"count": 1, "width": 320, "height": 240}}',
         "--skip-mm-profiling",
         "--api-key", "sk-secret",
@@ -193,6 +196,19 @@ def test_every_recipe_key_reaches_the_command(vllm):
     for shown in (cmd.display, text, " ".join(cmd.redacted_argv), repr(cmd)):
         assert "sk-secret" not in shown
     assert '--api-key "$G906_TEST_KEY"' in cmd.display
+
+
+def test_tool_parser_auto_none_and_refusals(vllm):
+    """server.tool_parser: auto takes the architecture's parser (qwen3_coder for Qwen3.5); none
+    passes no tool flags; a vLLM without the flags, or without the parser, is refused by name."""
+    plan = make_plan(model={"source": "/models/Qwen3.5-9B"}, engine={"kind": "vllm", "reasoning_parser": "auto"})
+    cmd = build_vllm_command(plan, vllm, environ={})
+    i = cmd.argv.index("--tool-call-parser")
+    assert cmd.argv[i - 1:i + 2] == ["--enable-auto-tool-choice", "--tool-call-parser", "qwen3_coder"]
+    assert _value(cmd, "--reasoning-parser") == "qwen3_5"           # auto: the architecture's qwen3
+    plan = make_plan(model={"source": "/models/Qwen3.5-9B"}, engine={"kind": "vllm"}, server={"tool_parser": "none"})
+    cmd = build_vllm_command(plan, vllm, environ={})
+    assert "--tool-call-parser" not in cmd.argv and "--enable-auto-tool-choice" not in cmd.argv
 
 
 def test_dtype_auto_means_float16_and_explicit_dtypes_pass(vllm):
@@ -328,6 +344,8 @@ def test_dry_run_text(vllm, monkeypatch):
         "  --gpu-memory-utilization 0.9 \\",
         "  --dtype float16 \\",
         "  --reasoning-parser qwen3_5 \\",
+        "  --enable-auto-tool-choice \\",
+        "  --tool-call-parser qwen3_coder \\",
         "  --limit-mm-per-prompt '{\"image\": 0, \"video\": 0}'",
     ]
 

@@ -76,7 +76,7 @@ CASES = [
     Case("dtype-alias", M + 'dtype = "fp16"\n', 3, "model.dtype", 'did you mean "float16"'),
     Case("engine-kind-case", M + '[engine]\nkind = "vLLM"\n', 4, "engine.kind", 'did you mean "vllm"'),
     Case("reasoning-parser-unknown", M + '[engine]\nreasoning_parser = "deepseek"\n', 4, "engine.reasoning_parser",
-         'must be one of "none", "qwen3"'),
+         'must be one of "none", "auto", "qwen3"'),
     Case("gpu-mem-too-high", M + "[limits]\ngpu_memory_utilization = 1.5\n", 4, "limits.gpu_memory_utilization",
          "at most 1"),
     Case("gpu-mem-zero", M + "[limits]\ngpu_memory_utilization = 0\n", 4, "limits.gpu_memory_utilization",

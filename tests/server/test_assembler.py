@@ -182,3 +182,99 @@ def test_streamed_completion_reassembles_to_the_full_answer(data, echo, n):
         assert [t for lp in streamed for t in lp["tokens"]] == lps.tokens
         assert [o for lp in streamed for o in lp["text_offset"]] == lps.text_offset
         assert mine[-1]["finish_reason"] == choice.finish_reason == "stop"
+
+
+# -- tool calls -------------------------------------------------------------------------------------
+
+TOOL_PIECES = ["<tool_call>", "</tool_call>", "<function=get_weather>", "<function=configure>", "<function=",
+               "</function>", "<parameter=city>", "<parameter=count>", "<parameter=options>", "<parameter=",
+               "</parameter>", "<tool", "</", "<", ">", "\n", " ", "Paris", "3", "{\"depth\": 1}", "{bad", "null",
+               "</think>", "a"]
+TOOL_SPECS = None
+
+
+def _tool_specs():
+    from g906.server.parsers.base import ToolSpec
+
+    return [ToolSpec("get_weather", {"type": "object", "properties": {"city": {"type": "string"}}}),
+            ToolSpec("configure", {"type": "object", "properties": {
+                "count": {"type": "integer"}, "options": {"type": "object"},
+                "city": {"anyOf": [{"type": "string"}, {"type": "null"}]}}})]
+
+
+def tool_request(prompt_text: str, n: int, parallel: bool) -> GenerationRequest:
+    from g906.server.tools import ToolChoice
+
+    return GenerationRequest(request_id="chatcmpl-x", model="m", prompts=[Prompt(ids=[1, 2, 3], text=prompt_text)],
+                             params=[None], n=n, tools=_tool_specs(), tool_choice=ToolChoice("auto"),
+                             parallel_tool_calls=parallel)
+
+
+tool_texts = st.lists(st.sampled_from(TOOL_PIECES), max_size=24).map("".join)
+
+
+def streamed_calls(mine: list[dict]) -> list[tuple[str, str, str]]:
+    calls: dict[int, list[str]] = {}
+    for c in mine:
+        for t in c["delta"].get("tool_calls") or []:
+            if t["index"] not in calls:
+                assert t["id"].startswith("call_") and t["type"] == "function" and t["function"]["name"]
+                assert t["index"] == len(calls)          # calls open in order
+                calls[t["index"]] = [t["id"], t["function"]["name"], ""]
+            else:
+                assert t["id"] is None and t["function"]["name"] is None
+            calls[t["index"]][2] += t["function"]["arguments"] or ""
+    return [tuple(calls[i]) for i in sorted(calls)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), opened=st.booleans(), n=st.integers(1, 2), parallel=st.booleans(),
+       reason=st.sampled_from(["stop", "length"]))
+def test_streamed_tool_calls_reassemble_to_the_full_answer(data, opened, n, parallel, reason):
+    from g906.server.parsers.qwen3_coder import Qwen3CoderToolParser
+
+    prompt = OPEN_PROMPT if opened else PLAIN_PROMPT
+    choice_texts = [data.draw(tool_texts, label=f"text{i}") for i in range(n)]
+    full_outs = [outputs(split(t, data.draw(cut_lists, label=f"full cuts{i}")), reason) for i, t in enumerate(choice_texts)]
+    stream_outs = [outputs(split(t, data.draw(cut_lists, label=f"stream cuts{i}")), reason)
+                   for i, t in enumerate(choice_texts)]
+    order = data.draw(st.lists(st.integers(0, 5), max_size=30), label="interleaving")
+    eng = FakeEngine()
+
+    def asm():
+        return ResponseAssembler(tool_request(prompt, n, parallel), reasoning_parser="qwen3", tool_parser="qwen3_coder")
+
+    full_a = asyncio.run(chat_full(asm(), [FakeStream(interleave(full_outs, order))], eng, logprobs=False))
+    full_b = asyncio.run(chat_full(asm(), [FakeStream(interleave(stream_outs, order))], eng, logprobs=False))
+    chunks = events(asyncio.run(collect(chat_stream(asm(), [FakeStream(interleave(stream_outs, order))], eng,
+                                                    P.StreamOptions()))))
+    for i, text in enumerate(choice_texts):
+        msg = full_b.choices[i].message
+        # the full answer: the reasoning parser on the whole text, then the tool parser on its content
+        reasoning, content = Qwen3ReasoningParser(prompt).parse(text)
+        p = Qwen3CoderToolParser(tools=_tool_specs(), max_calls=None if parallel else 1)
+        c1, k1 = p.feed(content or "")
+        c2, k2 = p.finish()
+        from g906.server.parsers.base import merge_tool_calls
+
+        whole = merge_tool_calls(k1 + k2)
+        assert [(t.function.name, t.function.arguments) for t in msg.tool_calls] == [(t.name, t.arguments) for t in whole]
+        assert msg.reasoning_content == reasoning
+        assert msg.content == (None if whole and not c1 + c2 else (c1 + c2 if content is not None or whole else None))
+        for t in msg.tool_calls:
+            json.loads(t.function.arguments)               # always a JSON object
+            assert isinstance(json.loads(t.function.arguments), dict)
+        if not parallel:
+            assert len(msg.tool_calls) <= 1
+        a = full_a.choices[i].message
+        assert (a.content, a.reasoning_content, [(t.function.name, t.function.arguments) for t in a.tool_calls]) == \
+            (msg.content, msg.reasoning_content, [(t.function.name, t.function.arguments) for t in msg.tool_calls])
+        # the stream of the same steps, joined, says the same
+        mine = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == i]
+        assert "".join(c["delta"].get("reasoning_content") or "" for c in mine) == (msg.reasoning_content or "")
+        assert "".join(c["delta"].get("content") or "" for c in mine) == (msg.content or "")
+        assert [(name, args) for _, name, args in streamed_calls(mine)] == \
+            [(t.function.name, t.function.arguments) for t in msg.tool_calls]
+        want = "tool_calls" if msg.tool_calls and reason == "stop" else reason
+        assert mine[-1]["finish_reason"] == full_b.choices[i].finish_reason == want
+        assert all(c["finish_reason"] is None for c in mine[:-1])

@@ -85,7 +85,7 @@ def test_400_prompt_too_long(server):
     ({"messages": [{"role": "wizard", "content": "x"}]}, None),
     ({"messages": [{"content": "x"}]}, None),
     ({}, "messages"),
-    ({"messages": MSG, "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": MSG, "response_format": {"type": "json_schema"}}, "response_format.json_schema"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, None),
     ({"messages": MSG, "chat_template_kwargs": "nope"}, "chat_template_kwargs"),
 ])

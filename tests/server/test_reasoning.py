@@ -91,4 +91,5 @@ def test_auto_picks_the_architecture_default():
     assert parser_name(REASONING, "auto", "qwen35") == "qwen3"
     assert parser_name(REASONING, "auto", "some-other-arch") is None
     assert parser_name(REASONING, "auto", None) is None
-    assert parser_name(TOOL, "auto", "qwen35") is None
+    assert parser_name(TOOL, "auto", "qwen35") == "qwen3_coder"
+    assert parser_name(TOOL, "auto", "some-other-arch") is None

@@ -12,7 +12,8 @@ module (Architecture.reasoning_parser / tool_parser)."""
 from __future__ import annotations
 
 from g906.arch import lookup
-from g906.server.parsers.base import ReasoningParser, ToolParser
+from g906.server.parsers.base import ReasoningParser, ToolCall, ToolCallDelta, ToolParser, ToolSpec
+from g906.server.parsers.qwen3_coder import Qwen3CoderToolParser
 from g906.server.parsers.qwen3_reasoning import Qwen3ReasoningParser
 
 REASONING = "reasoning"
@@ -21,7 +22,9 @@ TOOL = "tool"
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
     "qwen3": Qwen3ReasoningParser,
 }
-TOOL_PARSERS: dict[str, type[ToolParser]] = {}
+TOOL_PARSERS: dict[str, type[ToolParser]] = {
+    "qwen3_coder": Qwen3CoderToolParser,
+}
 
 PARSERS: dict[str, dict[str, type]] = {REASONING: REASONING_PARSERS, TOOL: TOOL_PARSERS}
 
@@ -49,11 +52,12 @@ def parser_name(kind: str, name: str | None, architecture: str | None = None) ->
     return name
 
 
-def make_parser(kind: str, name: str | None, prompt_text: str | None, architecture: str | None = None):
-    """A fresh parser for one choice, or None when the name selects none."""
+def make_parser(kind: str, name: str | None, prompt_text: str | None, architecture: str | None = None, **options):
+    """A fresh parser for one choice, or None when the name selects none. options: the kind's
+    own (a tool parser's tools and max_calls)."""
     chosen = parser_name(kind, name, architecture)
-    return None if chosen is None else PARSERS[kind][chosen](prompt_text)
+    return None if chosen is None else PARSERS[kind][chosen](prompt_text, **options)
 
 
 __all__ = ["PARSERS", "default_parser", "REASONING", "REASONING_PARSERS", "TOOL", "TOOL_PARSERS",
-           "ReasoningParser", "ToolParser", "make_parser", "parser_name"]
+           "ReasoningParser", "ToolCall", "ToolCallDelta", "ToolParser", "ToolSpec", "make_parser", "parser_name"]

@@ -30,12 +30,18 @@ def _partial_suffix(text: str, tag: str) -> int:
 
 class Qwen3ReasoningParser:
     name = "qwen3"
+    end_tag = END             # what ends the reasoning (a constrained answer starts after it)
 
     def __init__(self, prompt_text: str | None = None, *, opened: bool | None = None):
         self.state = "reasoning" if (opened if opened is not None else prompt_opens_reasoning(prompt_text)) else "start"
         self.buf = ""
         self.content_started = False
         self.saw_reasoning = self.state == "reasoning"
+
+    @property
+    def opened(self) -> bool:
+        """Whether the output starts inside the reasoning (the prompt opened it)."""
+        return self.state == "reasoning" and not self.buf
 
     def _content(self, text: str) -> str:
         if not self.content_started:
