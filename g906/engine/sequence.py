@@ -29,6 +29,10 @@ class Sequence:
         "seq_id", "request_id", "token_ids", "num_prompt_tokens", "params", "status",
         "num_cached_tokens", "block_table", "state_slot", "finish_reason", "arrival",
         "num_preemptions", "stop_reason", "mm",
+        # prefix caching (g906/engine/prefix_cache.py): the content keys of the full blocks
+        # known so far, how many of the table's blocks are registered, the key of the latest
+        # decode-time state snapshot, and the prompt tokens the cache supplied at admission
+        "block_keys", "num_registered_blocks", "tail_key", "num_hit_tokens",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival: float = 0.0):
@@ -48,6 +52,10 @@ class Sequence:
         self.arrival = arrival
         self.num_preemptions = 0
         self.mm = None  # MultimodalInputs (g906/engine/vision) when the prompt has images
+        self.block_keys: list[bytes] = []
+        self.num_registered_blocks = 0
+        self.tail_key: bytes | None = None
+        self.num_hit_tokens = 0
 
     def __len__(self) -> int:
         return len(self.token_ids)
