@@ -167,6 +167,11 @@ class ModelRunner:
             budget = int(cpu_gib * GiB) - states
             source = "cpu budget"
         snaps = self._snapshots(budget, per_slot)
+        if self.num_prefix_snapshots is None and (budget - snaps * per_slot) // per_block < blocks_per_seq:
+            # the share would leave less than one full-length sequence of KV: give the snapshots
+            # what is left beyond that, keeping at least the minimum pool
+            spare = (budget - blocks_per_seq * per_block) // max(per_slot, 1)
+            snaps = max(min(snaps, 2 * self.max_num_seqs), int(spare))
         budget -= snaps * per_slot
         num_blocks = min(budget // per_block, useful) if budget > 0 else 0
         if num_blocks < blocks_per_seq and self.fit_len and num_blocks * self.block_size >= 256:
