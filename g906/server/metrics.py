@@ -57,6 +57,8 @@ def _prefix_cache(stats: dict, model: str):
         ("prefix_cache_blocks", "KV blocks held by the prefix cache (in use or not).", "prefix_cache_blocks"),
         ("prefix_snapshots_used", "Linear-attention state snapshots in the pool.", "prefix_snapshots_used"),
         ("prefix_snapshots_total", "Linear-attention state snapshot slots in all.", "prefix_snapshots_total"),
+        ("prefix_snapshots_pending", "Snapshots being taken (reserved by a step not yet read).",
+         "prefix_snapshots_pending"),
     ):
         g = GaugeMetricFamily(f"g906:{name}", doc, labels=["model_name"])
         g.add_metric([model], float(stats.get(key, 0)))
