@@ -49,7 +49,7 @@ class EngineConfig:
     # prefix caching (g906/engine/prefix_cache.py, docs/engine.md): cached KV blocks and
     # linear-attention state snapshots reused by requests that share a prefix
     enable_prefix_caching: bool = True
-    prefix_state_stride: int = 1024        # a snapshot every this many prefill tokens (0: none)
+    prefix_state_stride: int = 512         # a snapshot every this many prefill tokens (0: none)
     prefix_snapshot_share: float = 0.1     # the part of the cache budget the snapshot pool takes
     num_prefix_snapshots: int | None = None   # the pool's size, instead of the share
 

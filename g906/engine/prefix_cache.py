@@ -16,9 +16,11 @@ State snapshots. Extra linear-attention state slots (the snapshot pool, its size
 EngineConfig) hold copies of a running sequence's state at block-aligned positions, keyed by the
 key of the block that ends there (so a snapshot is usable exactly when its whole chain of blocks
 is). Positions: the end of each prompt (rounded down to the block size: the usual resume point of
-the next agent turn, since Qwen3.5's template rewrites the previous answer), every `stride`
-tokens of a long prefill, and the last block boundary a sequence reaches while it decodes (its
-"tail": each new one replaces the previous, and the last one stays when the sequence ends).
+the next agent turn, since Qwen3.5's template rewrites the previous answer), the point where a
+prompt leaves the cached blocks of an earlier one (a shared system prompt: the next request
+that shares it resumes there), every `stride` tokens of a long prefill, and the last block
+boundary a sequence reaches while it decodes (its "tail": each new one replaces the previous,
+and the last one stays when the sequence ends).
 Prefill chunks are cut at these positions so that the state exists there. Eviction is LRU, tails
 and stride points first, prompt ends last.
 
@@ -47,6 +49,7 @@ class Hit:
     blocks: list[int] = field(default_factory=list)
     num_tokens: int = 0                    # the resume position (len(blocks) * block_size)
     snapshot: int | None = None            # the snapshot slot to restore
+    branch: int = 0                        # where the cached KV blocks end (>= num_tokens)
 
 
 @dataclass
@@ -126,11 +129,12 @@ class PrefixCache:
             if b is None:
                 break
             blocks.append(b)
+        branch = len(blocks) * self.block_size
         for n in range(len(blocks), 0, -1):
             slot = self._snapshot(ks[n - 1])
             if slot is not None:
-                return Hit(blocks[:n], n * self.block_size, slot)
-        return Hit()
+                return Hit(blocks[:n], n * self.block_size, slot, branch)
+        return Hit(branch=branch)
 
     def num_parked(self, blocks: list[int]) -> int:
         return sum(1 for b in blocks if b in self.parked)
@@ -141,6 +145,8 @@ class PrefixCache:
         first = seq.num_preemptions == 0
         if first:
             self.queried_tokens += seq.num_prompt_tokens
+        # where this prompt leaves a cached one: its state there is the next branch's resume point
+        seq.prefix_branch = hit.branch if hit.branch > hit.num_tokens else 0
         if not hit.blocks:
             return []
         for b in hit.blocks:
@@ -189,7 +195,7 @@ class PrefixCache:
     def next_point(self, seq: Sequence, start: int) -> int | None:
         """The first save position after `start` in seq's prefill, or None."""
         bs = self.block_size
-        points = [(seq.num_prompt_tokens // bs) * bs, (seq.num_tokens // bs) * bs]
+        points = [(seq.num_prompt_tokens // bs) * bs, (seq.num_tokens // bs) * bs, seq.prefix_branch]
         if self.stride:
             points.append((start // self.stride + 1) * self.stride)
         after = [p for p in points if p > start]
@@ -203,7 +209,7 @@ class PrefixCache:
             return None
         if decode:
             kind = TAIL
-        elif end == (seq.num_prompt_tokens // bs) * bs:
+        elif end == (seq.num_prompt_tokens // bs) * bs or end == seq.prefix_branch:
             kind = END
         elif end == (seq.num_tokens // bs) * bs:
             kind = TAIL

@@ -31,8 +31,9 @@ class Sequence:
         "num_preemptions", "stop_reason", "mm",
         # prefix caching (g906/engine/prefix_cache.py): the content keys of the full blocks
         # known so far, how many of the table's blocks are registered, the key of the latest
-        # decode-time state snapshot, and the prompt tokens the cache supplied at admission
-        "block_keys", "num_registered_blocks", "tail_key", "num_hit_tokens",
+        # decode-time state snapshot, the prompt tokens the cache supplied at admission, and
+        # the position where its prompt leaves the cached blocks of an earlier one
+        "block_keys", "num_registered_blocks", "tail_key", "num_hit_tokens", "prefix_branch",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival: float = 0.0):
@@ -56,6 +57,7 @@ class Sequence:
         self.num_registered_blocks = 0
         self.tail_key: bytes | None = None
         self.num_hit_tokens = 0
+        self.prefix_branch = 0      # where its prompt leaves the cached blocks of another (0: none)
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -180,7 +180,7 @@ class EmbeddedOptions(_Strict):
     )
 
     prefix_state_stride: int = Field(
-        1024, ge=0, description="With engine.prefix_caching: also keep the linear-attention state every this many "
+        512, ge=0, description="With engine.prefix_caching: also keep the linear-attention state every this many "
         "tokens of a long prefill (rounded up to whole blocks; 0: only at prompt and sequence ends)."
     )
     prefix_snapshot_share: float = Field(

@@ -105,6 +105,19 @@ def test_stride_snapshots_resume_a_shared_head():
     assert pc.lookup(probe).num_tokens == 16
 
 
+def test_a_shared_head_gets_a_snapshot_where_a_prompt_leaves_it():
+    cm, pc, sch = _cache(blocks=64, snaps=8)
+    head = list(range(1, 22))                          # 21 shared tokens: 5 whole blocks
+    _run(sch, pc, _seq("a", head + [90, 91, 92, 93, 94, 95]))     # snapshot at its end (24) only
+    b = _seq("b", head + [70, 71, 72, 73, 74, 75, 76])
+    batches = _run(sch, pc, b)
+    assert b.num_hit_tokens == 0 and b.prefix_branch == 20          # no snapshot inside the head yet
+    assert batches[0].num_new_tokens == [20] and batches[0].saves[0].position == 20
+    c = _seq("c", head + [50, 51, 52, 53, 54])
+    _run(sch, pc, c)
+    assert c.num_hit_tokens == 20                      # the third prompt on the head resumes there
+
+
 def test_forget_drops_everything():
     cm, pc, sch = _cache()
     _run(sch, pc, _seq("a", range(1, 15)))
