@@ -195,7 +195,7 @@ def test_multi_turn_reports_hits_and_ttft_per_turn():
     turns = res["turns"]
     assert [t["prompt_tokens"] for t in turns] == [40, 54, 68]
     assert turns[0]["cached_tokens"] == 0
-    # turn 2 resumes at the end of turn 1's answer (its last decode snapshot, block-aligned)
+    # each turn resumes at the previous prompt's end, rounded down to the block size (16)
     assert turns[1]["cached_tokens"] == 32 and turns[2]["cached_tokens"] == 48
     assert all(t["ttft_ms"] > 0 for t in turns) and res["hit_rate"] == (32 + 48) / (54 + 68)
     off = json.loads((r2 := _bench(base + ["--no-prefix-caching", "--drop-answer"])).stdout[r2.stdout.index("{"):])

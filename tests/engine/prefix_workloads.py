@@ -39,9 +39,12 @@ def drain(eng: LLMEngine, out: dict[str, list[int]], cached: dict[str, int]) -> 
 
 
 def run_workload(loaded, *, seed: int, on: bool, small_pool: bool, vocab: int | None = None,
-                 engine_kw: dict | None = None):
-    """Outputs {request id: token ids}, the prompt tokens each request had cached, the engine."""
+                 engine_kw: dict | None = None, prepare=None):
+    """Outputs {request id: token ids}, the prompt tokens each request had cached, the engine.
+    prepare(engine): called once the engine is built (to switch its runner's decode path)."""
     eng = LLMEngine(with_tokenizer(loaded), config(on, small_pool=small_pool), **(engine_kw or {}))
+    if prepare is not None:
+        prepare(eng)
     vocab = vocab or loaded.config.vocab_size
     rng = random.Random(seed)
 

@@ -164,6 +164,26 @@ def test_cache_on_equals_cache_off(sources, source, torch_one_thread):
         assert_no_leaks(off)
 
 
+def test_pipelined_padded_decode_with_the_cache_equals_the_plain_engine(torch_one_thread):
+    """The GPU's decode call site (padded, pipelined: step N+1 queued before step N is read; run
+    eagerly on the CPU): decode-time snapshots are copied at launch and keyed a step later."""
+    from g906.engine.loader import load_model
+
+    from .padded_decode import padded_decode
+
+    lm = load_model("builtin:tiny-qwen35", dtype="float32", device="cpu", progress=False)
+
+    def pipelined(eng):
+        eng.runner.graphs = padded_decode(eng, lm, max_num_seqs=4)[0]
+
+    want, _, _ = run_workload(lm, seed=5, on=False, small_pool=False)
+    got, cached, eng = run_workload(lm, seed=5, on=True, small_pool=False, prepare=pipelined)
+    assert got == want
+    s = eng.stats()
+    assert eng.num_lookahead_steps > 0 and s["prefix_cache_hit_tokens"] > 0
+    assert_no_leaks(eng)
+
+
 def test_n_siblings_and_a_repeat_share_the_prompt(torch_one_thread):
     from g906 import LLM
 
