@@ -168,10 +168,11 @@ class ModelRunner:
             source = "cpu budget"
         snaps = self._snapshots(budget, per_slot)
         if self.num_prefix_snapshots is None and (budget - snaps * per_slot) // per_block < blocks_per_seq:
-            # the share would leave less than one full-length sequence of KV: give the snapshots
-            # what is left beyond that, keeping at least the minimum pool
+            # the share would leave less than one full-length sequence of KV: that comes first,
+            # the snapshots get what is left beyond it (none at all: no prefix hits)
             spare = (budget - blocks_per_seq * per_block) // max(per_slot, 1)
-            snaps = max(min(snaps, 2 * self.max_num_seqs), int(spare))
+            snaps = max(0, min(snaps, int(spare)))
+            log.warning("the cache budget leaves room for %d prefix-cache state snapshots", snaps)
         budget -= snaps * per_slot
         num_blocks = min(budget // per_block, useful) if budget > 0 else 0
         if num_blocks < blocks_per_seq and self.fit_len and num_blocks * self.block_size >= 256:
@@ -195,13 +196,20 @@ class ModelRunner:
     def _snapshots(self, budget: int, per_slot: int) -> int:
         """How many prefix-cache state snapshots the pool holds: num_prefix_snapshots, else the
         snapshot share of the budget (at least two per running sequence: a prompt end and a
-        tail each; with no budget to share, that minimum)."""
+        tail each)."""
+        from g906.engine.cache import kv_bytes_per_block
+
         if self.num_prefix_snapshots is not None:
             return max(0, int(self.num_prefix_snapshots))
         if self.snapshot_share <= 0:
             return 0
-        floor = 2 * self.max_num_seqs
-        return max(floor, int(self.snapshot_share * max(budget, 0) // max(per_slot, 1)))
+        # the share of what the cache will hold: a budget larger than the KV cache can use (the
+        # CPU's default) is not all given out
+        share = self.snapshot_share
+        useful = (self.max_num_seqs * math.ceil(self.max_model_len / self.block_size) + 1) * max(
+            1, kv_bytes_per_block(self.config, self.block_size, self.dtype))
+        budget = min(max(budget, 0), int(useful / (1 - share)))
+        return max(2 * self.max_num_seqs, int(share * budget // max(per_slot, 1)))
 
     def _profile(self) -> tuple[int, int]:
         """(weights bytes, activation peak bytes) from one forward of max_num_batched_tokens."""
