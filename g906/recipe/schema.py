@@ -202,8 +202,9 @@ class EngineSection(_Strict):
     )
     enforce_eager: bool = Field(False, description="Disable CUDA/HIP graphs (decode and prefill).")
     prefix_caching: bool = Field(
-        True, description="Reuse the KV blocks and linear-attention state of prompt prefixes that earlier requests "
-        "computed (docs/engine.md, Prefix caching)."
+        True, description="Embedded engine: reuse the KV blocks and linear-attention state of prompt prefixes that "
+        "earlier requests computed (docs/engine.md, Prefix caching). A vLLM handoff keeps vLLM's own setting "
+        "(engine.vllm.extra_args)."
     )
     reasoning_parser: Literal["none", "qwen3"] = Field(
         "none", description="qwen3 splits <think>...</think> into reasoning_content."
