@@ -53,16 +53,20 @@ def add_weight_stats(loaded):
 def make_engine(loaded, workload: Workload, *, base: EngineConfig | None = None, enforce_eager: bool = False,
                 max_num_seqs: int | None = None, max_model_len: int | None = None,
                 max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.9,
-                num_kv_blocks: int | None = None, block_size: int = 16, prefill_graph_tokens: int | None = None):
+                num_kv_blocks: int | None = None, block_size: int = 16, prefill_graph_tokens: int | None = None,
+                enable_prefix_caching: bool | None = None):
     """An LLMEngine sized for the workload, or with `base`'s limits (a recipe's EngineConfig,
     g906.serving.engine_config_from_plan) when given: then only enforce_eager (when set),
     num_kv_blocks and prefill_graph_tokens (when not None) change it.
-    prefill_graph_tokens None: base's, else the engine's default; 0: eager prefill."""
+    prefill_graph_tokens None: base's, else the engine's default; 0: eager prefill.
+    enable_prefix_caching None: base's, else the engine's default (on)."""
     from g906.engine.llm_engine import EngineConfig, LLMEngine
 
     extra: dict[str, Any] = {}
     if prefill_graph_tokens is not None:
         extra["prefill_graph_tokens"] = int(prefill_graph_tokens)
+    if enable_prefix_caching is not None:
+        extra["enable_prefix_caching"] = bool(enable_prefix_caching)
     if base is not None:
         if num_kv_blocks is not None:
             extra["num_kv_blocks"] = num_kv_blocks

@@ -5,6 +5,7 @@ OpenAI-compatible server (online, --url).
     g906 bench --shape qwen3.5-9b --quant q4_k --concurrency 1 --prompt-len 512 --output-len 128
     g906 bench --recipe recipes/qwen3.5-9b-f16.toml --concurrency 64
     g906 bench --url http://127.0.0.1:8000 --concurrency 16 --request-rate 4
+    g906 bench --model builtin:tiny-qwen35 --multi-turn 10 --prompt-len 4096 --turn-len 512
 
 No torch at import time."""
 
@@ -33,7 +34,8 @@ def run_bench(*, model, recipe, shape, quant, overrides, url, served_model, api_
               num_requests, prompt_len, output_len, concurrency, request_rate, ignore_eos, temperature, seed,
               dtype, device, enforce_eager, prefill_graphs, max_num_seqs, max_model_len, max_num_batched_tokens,
               gpu_memory_utilization, num_kv_blocks, as_json, no_progress, measure_bandwidth,
-              write_gguf=None) -> int:
+              write_gguf=None, multi_turn: int = 0, turn_len: int = 512, keep_answer: bool = True,
+              prefix_caching: bool | None = None) -> int:
     from g906.bench.metrics import LengthSpec, Workload
 
     wl = Workload(num_requests=num_requests, prompt_len=LengthSpec.parse(prompt_len, "--prompt-len"),
@@ -52,6 +54,8 @@ def run_bench(*, model, recipe, shape, quant, overrides, url, served_model, api_
             console.print(f"wrote {info['path']} ({info['bytes'] / 1e9:.2f} GB, {info['tensors']} tensors): "
                           f"{shape} {quant}, random weights")
         return 0
+    if url and multi_turn:
+        raise UsageError("--multi-turn runs the embedded engine: give --model, --recipe or --shape, not --url")
     if url:
         if model or recipe or shape:
             raise UsageError("--url benchmarks a running server: leave out --model, --recipe and --shape")
@@ -85,10 +89,33 @@ def run_bench(*, model, recipe, shape, quant, overrides, url, served_model, api_
         else:
             loaded = open_model(model=model or None, shape=shape or None, quant=quant, dtype=dtype, device=device,
                                 overrides=parse_overrides(overrides), seed=seed, progress=progress)
+        mt = None
+        if multi_turn:
+            from g906.bench.metrics import Workload
+            from g906.bench.multiturn import MultiTurn
+
+            if wl.prompt_len.lo != wl.prompt_len.hi or wl.output_len.lo != wl.output_len.hi:
+                raise UsageError("--multi-turn takes fixed lengths: --prompt-len N (the first turn), --output-len N")
+            mt = MultiTurn(turns=multi_turn, first_len=wl.prompt_len.hi, turn_len=turn_len,
+                           output_len=wl.output_len.hi, keep_answer=keep_answer, seed=seed)
+            wl = Workload(num_requests=1, prompt_len=LengthSpec(mt.max_len, mt.max_len),
+                          output_len=LengthSpec(1, 1), seed=seed)
         engine = make_engine(loaded, wl, base=base, enforce_eager=enforce_eager, prefill_graph_tokens=prefill_graphs,
                              max_num_seqs=max_num_seqs,
                              max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
-                             gpu_memory_utilization=gpu_memory_utilization, num_kv_blocks=num_kv_blocks)
+                             gpu_memory_utilization=gpu_memory_utilization, num_kv_blocks=num_kv_blocks,
+                             enable_prefix_caching=prefix_caching)
+        if mt is not None:
+            from g906.bench.multiturn import print_multiturn, run_multiturn
+
+            engine.warm_up()
+            res = run_multiturn(engine, mt)
+            res.update(mode="multi-turn", target=loaded.info.get("source"), workload=mt.describe())
+            if as_json:
+                print_json(res)
+            else:
+                print_multiturn(res, console)
+            return 0
         bandwidth = None
         if measure_bandwidth:
             from g906.bench.bandwidth import measure_copy_bandwidth
@@ -148,6 +175,10 @@ def register(app: typer.Typer) -> None:
         gpu_memory_utilization: float = typer.Option(0.9, "--gpu-memory-utilization", min=0.05, max=0.99),
         num_kv_blocks: int | None = typer.Option(None, "--num-kv-blocks", min=1),
         measure_bandwidth: bool = typer.Option(True, "--bandwidth/--no-bandwidth", help="Offline: measure copy bandwidth for the % of limit."),
+        multi_turn: int = typer.Option(0, "--multi-turn", min=0, help="Offline: one conversation of N turns, each re-sending the history (--prompt-len: the first turn's prompt; --output-len: each answer); TTFT and prefix-cache hits per turn."),
+        turn_len: int = typer.Option(512, "--turn-len", min=0, help="With --multi-turn: new prompt tokens per turn."),
+        keep_answer: bool = typer.Option(True, "--keep-answer/--drop-answer", help="With --multi-turn: whether the next turn re-sends the previous answer."),
+        prefix_caching: bool | None = typer.Option(None, "--prefix-caching/--no-prefix-caching", show_default=False, help="Offline: prefix caching on or off (default: the recipe's, else on)."),
         write_gguf: str | None = typer.Option(None, "--write-gguf", help="Tool mode: write the --shape/--quant model as a GGUF file (for llama.cpp) and exit."),
         no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -162,4 +193,5 @@ def register(app: typer.Typer) -> None:
             max_model_len=max_model_len,
             max_num_batched_tokens=max_num_batched_tokens, gpu_memory_utilization=gpu_memory_utilization,
             num_kv_blocks=num_kv_blocks, as_json=as_json, no_progress=no_progress,
-            measure_bandwidth=measure_bandwidth, write_gguf=write_gguf))
+            measure_bandwidth=measure_bandwidth, write_gguf=write_gguf, multi_turn=multi_turn, turn_len=turn_len,
+            keep_answer=keep_answer, prefix_caching=prefix_caching))

@@ -45,6 +45,7 @@ class DeviceMemory:
     activations: int
     overhead: int
     total: int
+    prefix_snapshots: int = 0             # the prefix cache's linear-attention state snapshots
     capacity: int | None = None           # VRAM (or RAM) of the device
     budget: int | None = None             # capacity x gpu_memory_utilization
     fits: bool | None = None
@@ -121,6 +122,23 @@ def _weight_bytes(plan: Any, notes: list[str]) -> int:
     return wb
 
 
+def _snapshot_pool(plan: Any, kv_cache: int, per_state: int, seqs: int, notes: list[str]) -> int:
+    """Bytes of the prefix cache's state snapshots: the embedded engine gives them
+    prefix_snapshot_share of its cache budget (at least two per sequence), taken from what the KV
+    cache would otherwise get, so max_model_len x max_num_seqs still needs kv_cache beside them."""
+    recipe = getattr(plan, "recipe", None)
+    engine = getattr(recipe, "engine", None)
+    if engine is None or not getattr(engine, "prefix_caching", False) or getattr(plan, "engine_kind", "") != "embedded":
+        return 0
+    share = float(engine.embedded.prefix_snapshot_share)
+    if share <= 0 or per_state <= 0:
+        return 0
+    pool = max(2 * seqs * per_state, int(share / (1 - share) * kv_cache) // per_state * per_state)
+    notes.append(f"prefix caching: {pool // per_state} linear-attention state snapshots "
+                 f"({share:.0%} of the cache budget, engine.embedded.prefix_snapshot_share)")
+    return pool
+
+
 def estimate_memory(
     plan: Any,
     *,
@@ -187,7 +205,9 @@ def estimate_memory(
         linear_conv_kernel_dim=_int(facts, "linear_conv_kernel_dim", "gguf/ssm.conv_kernel") or 4,
     )
     kv_cache = shape.kv_bytes_per_token(act_bytes, tp) * ctx * seqs
-    linear_state = shape.state_bytes_per_sequence(act_bytes, tp, recurrent_bytes=state_bytes) * seqs
+    per_state = shape.state_bytes_per_sequence(act_bytes, tp, recurrent_bytes=state_bytes)
+    linear_state = per_state * seqs
+    snapshots = _snapshot_pool(plan, kv_cache, per_state, seqs, notes)
 
     # --- activations ---------------------------------------------------------------------------
     step_tokens = plan.max_num_batched_tokens or min(ctx, 4096)
@@ -197,7 +217,7 @@ def estimate_memory(
     activations = step_tokens * per_token + seqs * vocab * 4 + 2 * step_tokens * hidden * 4
     overhead = GPU_RUNTIME_OVERHEAD if device_kind in ("rocm", "cuda") else 0
 
-    total = weights_per_dev + kv_cache + linear_state + activations + overhead
+    total = weights_per_dev + kv_cache + linear_state + snapshots + activations + overhead
     labels: list[int | str]
     if devices is not None:
         labels = list(devices)
@@ -212,7 +232,7 @@ def estimate_memory(
         budget = int(cap * util) if cap is not None and device_kind != "cpu" else cap
         per_device.append(DeviceMemory(
             device=label, weights=weights_per_dev, kv_cache=kv_cache, linear_state=linear_state,
-            activations=activations, overhead=overhead, total=total, capacity=cap, budget=budget,
+            activations=activations, overhead=overhead, total=total, prefix_snapshots=snapshots, capacity=cap, budget=budget,
             fits=(total <= budget) if budget is not None else None,
         ))
     return MemoryEstimate(dtype=dtype, device_kind=device_kind, tensor_parallel_size=tp, max_model_len=ctx,

@@ -5,6 +5,11 @@ free list when its last holder releases it (sharing is what `share` is for; a bl
 one sequence is never handed to another while referenced). StateSlotPool is a fixed pool of
 per-sequence slots for the Gated DeltaNet conv + recurrent state (one per running sequence).
 
+With prefix caching (g906/engine/prefix_cache.py attaches itself as `prefix`), a block whose
+tokens are registered under a content key is parked rather than freed when its last holder
+releases it, counts as free, and is evicted (least recently used first) only when no truly
+free block is left.
+
 Both are plain Python; the tensors they index live in g906/engine/cache.py."""
 
 from __future__ import annotations
@@ -26,15 +31,18 @@ class BlockManager:
         self.block_size = block_size
         self.ref_counts = [0] * num_blocks
         self._free: deque[int] = deque(range(num_blocks))
+        self.prefix = None        # a PrefixCache, when prefix caching is on
 
     # -- queries -------------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks that can be handed out: free ones and cached blocks nobody holds."""
+        return len(self._free) + (len(self.prefix.parked) if self.prefix is not None else 0)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        """Blocks some sequence holds."""
+        return self.num_blocks - self.num_free_blocks
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -44,13 +52,16 @@ class BlockManager:
         return max(0, self.blocks_needed(num_tokens) - len(seq.block_table))
 
     def can_cover(self, seq: Sequence, num_tokens: int) -> bool:
-        return self.num_new_blocks(seq, num_tokens) <= len(self._free)
+        return self.num_new_blocks(seq, num_tokens) <= self.num_free_blocks
 
     # -- changes -------------------------------------------------------------------------------
     def _take(self) -> int:
-        if not self._free:
+        if self._free:
+            block = self._free.popleft()
+        elif self.prefix is not None and (block := self.prefix.evict_block()) is not None:
+            pass
+        else:
             raise OutOfBlocks("no free KV-cache block")
-        block = self._free.popleft()
         assert self.ref_counts[block] == 0
         self.ref_counts[block] = 1
         return block
@@ -58,15 +69,16 @@ class BlockManager:
     def cover(self, seq: Sequence, num_tokens: int) -> None:
         """Grow seq's block table to cover num_tokens tokens (all or nothing)."""
         need = self.num_new_blocks(seq, num_tokens)
-        if need > len(self._free):
-            raise OutOfBlocks(f"{seq.request_id}: needs {need} blocks, {len(self._free)} free")
+        if need > self.num_free_blocks:
+            raise OutOfBlocks(f"{seq.request_id}: needs {need} blocks, {self.num_free_blocks} free")
         for _ in range(need):
             seq.block_table.append(self._take())
 
     def share(self, seq: Sequence, blocks: list[int]) -> None:
-        """Append already-filled blocks to seq's table (one more reference each)."""
+        """Append already-filled blocks to seq's table (one more reference each); a cached block
+        nobody holds (the prefix cache took it out of its parked list) counts too."""
         for b in blocks:
-            if self.ref_counts[b] <= 0:
+            if self.ref_counts[b] <= 0 and (self.prefix is None or not self.prefix.keeps(b)):
                 raise ValueError(f"block {b} is free and cannot be shared")
             self.ref_counts[b] += 1
             seq.block_table.append(b)
@@ -77,8 +89,16 @@ class BlockManager:
             self.ref_counts[b] -= 1
             assert self.ref_counts[b] >= 0, f"block {b} released twice"
             if self.ref_counts[b] == 0:
-                self._free.append(b)
+                if self.prefix is not None and self.prefix.keeps(b):
+                    self.prefix.park(b)
+                else:
+                    self._free.append(b)
         seq.block_table = []
+
+    def free_block(self, block: int) -> None:
+        """Return a block nobody holds to the free list (the prefix cache dropping it)."""
+        assert self.ref_counts[block] == 0, f"block {block} is held"
+        self._free.append(block)
 
     def slot(self, seq: Sequence, position: int) -> int:
         """The flat cache slot of token `position` of seq."""
@@ -133,3 +153,4 @@ class CacheManager:
         self.blocks.release(seq)
         self.slots.release(seq)
         seq.num_cached_tokens = 0
+        seq.num_registered_blocks = 0

@@ -94,3 +94,13 @@ class ModelCache:
             return
         self.conv.index_fill_(1, idx, 0)
         self.ssm.index_fill_(1, idx, 0)
+
+    def copy_states(self, src, dst) -> None:
+        """Copy the linear-attention states of slots src[i] to slots dst[i] (prefix-cache
+        snapshots and restores, g906/engine/prefix_cache.py)."""
+        if not len(src):
+            return
+        s = torch.as_tensor(src, dtype=torch.long).to(self.device, non_blocking=True)
+        d = torch.as_tensor(dst, dtype=torch.long).to(self.device, non_blocking=True)
+        self.conv.index_copy_(1, d, self.conv.index_select(1, s))
+        self.ssm.index_copy_(1, d, self.ssm.index_select(1, s))

@@ -138,12 +138,14 @@ class LLM:
                  cpu_kv_cache_gib: float = 1.0, num_kv_blocks: int | None = None, seed: int | None = None,
                  progress: bool = False, warm_up: bool = False, tensor_parallel_size: int = 1,
                  devices: list[int] | None = None, enforce_eager: bool | None = None,
-                 prefill_graph_tokens: int | None = None):
-        """`enforce_eager` (no decode or prefill graphs) and `prefill_graph_tokens` (0: prefill
-        eager): None keeps EngineConfig's defaults. `devices`: GPU indices, one per
-        tensor-parallel rank."""
+                 prefill_graph_tokens: int | None = None, enable_prefix_caching: bool | None = None):
+        """`enforce_eager` (no decode or prefill graphs), `prefill_graph_tokens` (0: prefill
+        eager) and `enable_prefix_caching` (reuse the KV blocks and linear-attention state of
+        shared prompt prefixes; on by default): None keeps EngineConfig's defaults. `devices`:
+        GPU indices, one per tensor-parallel rank."""
         graphs = {k: v for k, v in (("enforce_eager", enforce_eager),
-                                    ("prefill_graph_tokens", prefill_graph_tokens)) if v is not None}
+                                    ("prefill_graph_tokens", prefill_graph_tokens),
+                                    ("enable_prefix_caching", enable_prefix_caching)) if v is not None}
         config = EngineConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len, block_size=block_size,

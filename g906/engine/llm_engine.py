@@ -47,6 +47,12 @@ class EngineConfig:
     # prefill steps of at most this many tokens replay CUDA/HIP graphs (0: all prefill eager;
     # off under enforce_eager; g906/engine/prefill_graphs.py; docs/bench.md has the gain)
     prefill_graph_tokens: int = DEFAULT_PREFILL_GRAPH_TOKENS
+    # prefix caching (g906/engine/prefix_cache.py, docs/engine.md): cached KV blocks and
+    # linear-attention state snapshots reused by requests that share a prefix
+    enable_prefix_caching: bool = True
+    prefix_state_stride: int = 512         # a snapshot every this many prefill tokens (0: none)
+    prefix_snapshot_share: float = 0.1     # the part of the cache budget the snapshot pool takes
+    num_prefix_snapshots: int | None = None   # the pool's size, instead of the share
 
 
 @dataclass
@@ -62,6 +68,7 @@ class StepOutput:
     stop_reason: str | int | None = None    # the stop string or stop token id
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    num_cached_tokens: int = 0              # prompt tokens the prefix cache supplied
 
 
 class IncrementalDecoder:
@@ -152,12 +159,21 @@ class LLMEngine:
             gpu_memory_utilization=config.gpu_memory_utilization, cpu_kv_cache_gib=config.cpu_kv_cache_gib,
             num_kv_blocks=config.num_kv_blocks, seed=config.seed, fit_len=not explicit_len,
             enforce_eager=config.enforce_eager, prefill_graph_tokens=config.prefill_graph_tokens,
+            prefix_snapshot_share=config.prefix_snapshot_share if config.enable_prefix_caching else 0.0,
+            num_prefix_snapshots=config.num_prefix_snapshots if config.enable_prefix_caching else 0,
         )
         self.max_model_len = self.runner.max_model_len   # lowered to the cache when not explicit
         s = self.runner.sizing
         self.cache = CacheManager(s.num_blocks, config.block_size, config.max_num_seqs)
+        self.prefix = None
+        if config.enable_prefix_caching:
+            from g906.engine.prefix_cache import PrefixCache
+
+            self.prefix = PrefixCache(self.cache.blocks, self.runner.snapshot_slots,
+                                      stride=_stride(config.prefix_state_stride, config.block_size),
+                                      salt=_cache_salt(loaded))
         self.scheduler = Scheduler(
-            SchedulerConfig(config.max_num_seqs, mbt, self.max_model_len), self.cache
+            SchedulerConfig(config.max_num_seqs, mbt, self.max_model_len), self.cache, self.prefix
         )
         eos = set(self.model_config.eos_token_ids or [])
         tok_eos = getattr(self.tokenizer, "eos_token_ids", None)
@@ -279,7 +295,8 @@ class LLMEngine:
         cur = self._inflight
         if cur is not None and all(s.is_finished for s in cur.batch.seqs):
             cur.pending.result()                 # nothing left to read: the lookahead of a
-            cur = self._inflight = None          # step whose sequences all stopped
+            self._settle(cur.batch)              # step whose sequences all stopped
+            cur = self._inflight = None
         if cur is None:
             batch = self.scheduler.schedule()
             if batch is None:
@@ -353,11 +370,25 @@ class LLMEngine:
                 at = launched.token_at[seq.seq_id]
                 seq.token_ids[at] = int(token)
                 upto = at + 1
+            if self.prefix is not None:
+                self.prefix.register(seq)          # before _process may free its blocks
             if req.first_token_at is None:
                 req.first_token_at = now
             self.num_generation_tokens += 1
             outputs.append(self._process(req, token, lp, upto))
+        self._settle(batch)
         return outputs
+
+    def _settle(self, batch: ScheduledBatch) -> None:
+        """Register the step's computed blocks and commit its state snapshots (their tokens are
+        known now)."""
+        if self.prefix is None:
+            return
+        for seq in batch.seqs:
+            if not seq.is_finished:
+                self.prefix.register(seq)
+        for save in batch.saves:
+            self.prefix.commit(save)
 
     def _process(self, req: _Request, token: int, lp: TokenLogprobs | None, upto: int) -> StepOutput:
         """`token` is the sequence's token number `upto` (counting the prompt)."""
@@ -390,6 +421,7 @@ class LLMEngine:
             new_logprobs=[lp] if lp is not None else [],
             finished=reason is not None, finish_reason=reason, stop_reason=stop_tok,
             num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=num_out,
+            num_cached_tokens=seq.num_hit_tokens,
         )
         if reason is not None:
             self.scheduler.finish(seq, reason)
@@ -412,6 +444,7 @@ class LLMEngine:
             "prompt_tokens": self.num_prompt_tokens,
             "generation_tokens": self.num_generation_tokens,
             "steps": self.num_steps,
+            **(self.prefix.stats() if self.prefix is not None else {}),
         }
 
     def describe(self) -> dict:
@@ -420,6 +453,7 @@ class LLMEngine:
             "max_num_seqs": self.config.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "block_size": self.config.block_size,
+            "prefix_caching": self.prefix is not None,
             "cache": self.runner.sizing.to_json(),
         }
 
@@ -460,4 +494,19 @@ class LLMEngine:
                 step.advance(count=1)
         if self.cache.blocks.num_used_blocks or self.cache.slots.num_used:
             raise G906Error("internal error: the warm-up left cache blocks in use")
+        if self.prefix is not None:
+            self.prefix.forget()                 # the warm-up's prompts are nobody's prefix
         return time.perf_counter() - t0
+
+
+def _stride(stride: int, block_size: int) -> int:
+    """prefix_state_stride rounded up to a whole number of blocks (snapshots are block-aligned)."""
+    stride = max(0, int(stride))
+    return -(-stride // block_size) * block_size
+
+
+def _cache_salt(loaded) -> str:
+    """What the cached KV depends on besides the tokens: the model, its dtype and quantization."""
+    info = loaded.info or {}
+    keys = ("source", "format", "dtype", "quant", "quant_types", "tensor_parallel_size")
+    return repr(sorted((k, str(info.get(k))) for k in keys))

@@ -38,6 +38,7 @@ class CacheSizing:
     source: str                     # how the budget was found ("cpu budget", "gpu profile", "override")
     weights_bytes: int = 0
     activation_peak_bytes: int = 0
+    num_snapshots: int = 0          # prefix-cache state snapshots (g906/engine/prefix_cache.py)
 
     @property
     def max_tokens(self) -> int:
@@ -72,7 +73,11 @@ class ModelRunner:
     def __init__(self, loaded, *, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int, gpu_memory_utilization: float = 0.9, cpu_kv_cache_gib: float = 1.0,
                  num_kv_blocks: int | None = None, seed: int | None = None, fit_len: bool = False,
-                 enforce_eager: bool = False, prefill_graph_tokens: int = DEFAULT_PREFILL_GRAPH_TOKENS):
+                 enforce_eager: bool = False, prefill_graph_tokens: int = DEFAULT_PREFILL_GRAPH_TOKENS,
+                 prefix_snapshot_share: float = 0.0, num_prefix_snapshots: int | None = None):
+        """prefix_snapshot_share: the part of the cache budget given to prefix-cache state
+        snapshots (0 and num_prefix_snapshots None: no snapshot pool); num_prefix_snapshots
+        sets their count instead."""
         self.loaded = loaded
         self.model = loaded.model
         self.config = loaded.config
@@ -95,13 +100,20 @@ class ModelRunner:
         self._ids = torch.zeros(m, dtype=torch.long, pin_memory=pin)
         self._pos = torch.zeros(m, dtype=torch.long, pin_memory=pin)
         self._slots = torch.zeros(m, dtype=torch.long, pin_memory=pin)
+        self.snapshot_share = float(prefix_snapshot_share)
+        self.num_prefix_snapshots = num_prefix_snapshots
         self.sizing = self._size_cache(gpu_memory_utilization, cpu_kv_cache_gib, num_kv_blocks)
         from g906.engine.cache import ModelCache
 
         extra = 1 if padded else 0
+        # state slots: one per running sequence, the graphs' scratch slot (kept free on the CPU
+        # too, where tests bind a padded cache), then the prefix cache's snapshots
+        first = max_num_seqs + 1
+        self.snapshot_slots = list(range(first, first + self.sizing.num_snapshots))
         self.cache = ModelCache.allocate(
             self.config, num_blocks=self.sizing.num_blocks + extra, block_size=block_size,
-            num_state_slots=max_num_seqs + extra, dtype=self.dtype, device=self.device,
+            num_state_slots=first + self.sizing.num_snapshots if self.sizing.num_snapshots else max_num_seqs + extra,
+            dtype=self.dtype, device=self.device,
         )
         self.model.bind_cache(self.cache)
         self.graphs = None
@@ -137,8 +149,9 @@ class ModelRunner:
         blocks_per_seq = math.ceil(self.max_model_len / self.block_size)
         useful = self.max_num_seqs * blocks_per_seq + 1   # more blocks than this can never be used
         if override is not None:
+            snaps = self._snapshots(0, per_slot)
             return CacheSizing(override, self.block_size, self.max_num_seqs, per_block, per_slot,
-                               override * per_block + states, "override")
+                               override * per_block + states + snaps * per_slot, "override", num_snapshots=snaps)
         if self.device.type == "cuda":
             weights, act = self._profile()
             if self.prefill_graph_tokens:
@@ -153,6 +166,14 @@ class ModelRunner:
             weights, act = 0, 0
             budget = int(cpu_gib * GiB) - states
             source = "cpu budget"
+        snaps = self._snapshots(budget, per_slot)
+        if self.num_prefix_snapshots is None and (budget - snaps * per_slot) // per_block < blocks_per_seq:
+            # the share would leave less than one full-length sequence of KV: that comes first,
+            # the snapshots get what is left beyond it (none at all: no prefix hits)
+            spare = (budget - blocks_per_seq * per_block) // max(per_slot, 1)
+            snaps = max(0, min(snaps, int(spare)))
+            log.warning("the cache budget leaves room for %d prefix-cache state snapshots", snaps)
+        budget -= snaps * per_slot
         num_blocks = min(budget // per_block, useful) if budget > 0 else 0
         if num_blocks < blocks_per_seq and self.fit_len and num_blocks * self.block_size >= 256:
             log.warning("the KV cache holds %d tokens: max_model_len lowered from %d to that",
@@ -170,7 +191,25 @@ class ModelRunner:
                 f"(one full-length sequence needs about {need:.3f} GiB)",
             )
         return CacheSizing(int(num_blocks), self.block_size, self.max_num_seqs, per_block, per_slot,
-                           int(budget), source, weights, act)
+                           int(budget), source, weights, act, snaps)
+
+    def _snapshots(self, budget: int, per_slot: int) -> int:
+        """How many prefix-cache state snapshots the pool holds: num_prefix_snapshots, else the
+        snapshot share of the budget (at least two per running sequence: a prompt end and a
+        tail each)."""
+        from g906.engine.cache import kv_bytes_per_block
+
+        if self.num_prefix_snapshots is not None:
+            return max(0, int(self.num_prefix_snapshots))
+        if self.snapshot_share <= 0:
+            return 0
+        # the share of what the cache will hold: a budget larger than the KV cache can use (the
+        # CPU's default) is not all given out
+        share = self.snapshot_share
+        useful = (self.max_num_seqs * math.ceil(self.max_model_len / self.block_size) + 1) * max(
+            1, kv_bytes_per_block(self.config, self.block_size, self.dtype))
+        budget = min(max(budget, 0), int(useful / (1 - share)))
+        return max(2 * self.max_num_seqs, int(share * budget // max(per_slot, 1)))
 
     def _profile(self) -> tuple[int, int]:
         """(weights bytes, activation peak bytes) from one forward of max_num_batched_tokens."""
@@ -266,8 +305,25 @@ class ModelRunner:
 
         feed=(earlier, rows): the step's input token of sequence i is the token `earlier`
         sampled in its row rows[i], read on the device (the host does not know it yet)."""
+        if batch.restores:
+            self.copy_states(batch.restores)
         if not batch.seqs:
             return PendingStep([], None)
+        step = self._launch(batch, feed)
+        if batch.saves:       # the states this step ends with, copied in device order after it
+            self.copy_states([(sv.seq.state_slot, sv.slot) for sv in batch.saves])
+        return step
+
+    def copy_states(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy linear-attention state slots (src, dst), on every tensor-parallel rank."""
+        src, dst = [p[0] for p in pairs], [p[1] for p in pairs]
+        mirror = getattr(self.model, "copy_states", None)
+        if callable(mirror):
+            mirror(src, dst)
+        else:
+            self.cache.copy_states(src, dst)
+
+    def _launch(self, batch: ScheduledBatch, feed) -> "PendingStep":
         greedy = None
         if self.can_feed(batch):
             # decode: padded static inputs, graph replay (g906/engine/cuda_graphs.py)

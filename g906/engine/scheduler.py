@@ -12,7 +12,11 @@ decode step (one token for every running sequence that has finished its prefill)
 - Decode grows each running sequence's block table by one token. When blocks run out the
   newest running sequence is preempted: its blocks and state slot are freed and it goes back to
   the front of the queue, to be prefilled again (prompt + tokens generated so far).
-- abort() removes a sequence from wherever it is and frees what it holds at once."""
+- abort() removes a sequence from wherever it is and frees what it holds at once.
+- With a prefix cache (g906/engine/prefix_cache.py), admission starts a sequence at the longest
+  cached prefix it has (blocks shared, state restored by batch.restores), prefill chunks also
+  end at the cache's save points, and each step lists the state snapshots to take after it
+  (batch.saves; the engine commits them once the step's tokens are read)."""
 
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from g906.engine.block_manager import CacheManager
+from g906.engine.prefix_cache import Hit, PrefixCache, Save
 from g906.engine.sequence import Sequence, SequenceStatus
 
 
@@ -40,6 +45,8 @@ class ScheduledBatch:
     seqs: list[Sequence]
     num_new_tokens: list[int]
     preempted: list[Sequence] = field(default_factory=list)
+    restores: list[tuple[int, int]] = field(default_factory=list)   # state copies before the step
+    saves: list[Save] = field(default_factory=list)                 # state snapshots after it
 
     @property
     def num_tokens(self) -> int:
@@ -52,9 +59,10 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, cache: CacheManager):
+    def __init__(self, config: SchedulerConfig, cache: CacheManager, prefix: PrefixCache | None = None):
         self.config = config
         self.cache = cache
+        self.prefix = prefix
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -101,15 +109,23 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def _admissible(self, seq: Sequence, budget: int) -> bool:
-        """Admission's test: a place, a first chunk within the token budget, a state slot, and
-        KV blocks for every token the sequence has."""
-        return (len(self.running) < self.config.max_num_seqs and self._chunk(seq) <= budget
-                and self.cache.slots.num_free > 0 and self.cache.blocks.can_cover(seq, seq.num_tokens))
+    def _admission(self, seq: Sequence, budget: int) -> Hit | None:
+        """Admission's test: a place, a state slot, a first chunk (after the cached prefix)
+        within the token budget, and KV blocks for every token the cache does not hold.
+        The cached prefix to start from, or None when the sequence cannot be admitted."""
+        if len(self.running) >= self.config.max_num_seqs or self.cache.slots.num_free == 0:
+            return None
+        hit = self.prefix.lookup(seq) if self.prefix is not None else Hit()
+        if self._chunk(seq, hit.num_tokens) > budget:
+            return None
+        blocks = self.cache.blocks
+        need = blocks.num_new_blocks(seq, seq.num_tokens) - len(hit.blocks)
+        free = blocks.num_free_blocks - (self.prefix.num_parked(hit.blocks) if hit.blocks else 0)
+        return hit if need <= free else None
 
     def can_admit(self) -> bool:
         """Whether the next schedule() would admit the first waiting sequence (without its effects)."""
-        return bool(self.waiting) and self._admissible(self.waiting[0], self.config.max_num_batched_tokens)
+        return bool(self.waiting) and self._admission(self.waiting[0], self.config.max_num_batched_tokens) is not None
 
     # -- one step ----------------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch | None:
@@ -118,8 +134,22 @@ class Scheduler:
             return batch
         return self._schedule_decode()
 
-    def _chunk(self, seq: Sequence) -> int:
-        return min(seq.num_uncached_tokens, self.config.max_num_batched_tokens)
+    def _chunk(self, seq: Sequence, start: int | None = None) -> int:
+        start = seq.num_cached_tokens if start is None else start
+        n = min(seq.num_tokens - start, self.config.max_num_batched_tokens)
+        if self.prefix is not None:
+            point = self.prefix.next_point(seq, start)
+            if point is not None:
+                n = min(n, point - start)
+        return n
+
+    def _plan_saves(self, batch: ScheduledBatch) -> ScheduledBatch:
+        if self.prefix is not None:
+            for seq, n in zip(batch.seqs, batch.num_new_tokens):
+                save = self.prefix.plan_save(seq, seq.num_cached_tokens + n, decode=not batch.is_prefill)
+                if save is not None:
+                    batch.saves.append(save)
+        return batch
 
     def _schedule_prefill(self) -> ScheduledBatch | None:
         budget = self.config.max_num_batched_tokens
@@ -134,11 +164,17 @@ class Scheduler:
             seqs.append(seq)
             chunks.append(n)
             budget -= n
-        while self.waiting and self._admissible(self.waiting[0], budget):
+        restores: list[tuple[int, int]] = []
+        while self.waiting:
+            hit = self._admission(self.waiting[0], budget)
+            if hit is None:
+                break
             seq = self.waiting.popleft()
-            n = self._chunk(seq)
-            self.cache.blocks.cover(seq, seq.num_tokens)
             self.cache.slots.acquire(seq)
+            if self.prefix is not None:
+                restores += self.prefix.admit(seq, hit)
+            self.cache.blocks.cover(seq, seq.num_tokens)
+            n = self._chunk(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             seqs.append(seq)
@@ -146,7 +182,7 @@ class Scheduler:
             budget -= n
         if not seqs:
             return None
-        return ScheduledBatch(True, seqs, chunks)
+        return self._plan_saves(ScheduledBatch(True, seqs, chunks, restores=restores))
 
     def _schedule_decode(self) -> ScheduledBatch | None:
         blocks = self.cache.blocks
@@ -166,4 +202,4 @@ class Scheduler:
                 seqs.append(seq)
         if not seqs:
             return None if not preempted else ScheduledBatch(False, [], [], preempted)
-        return ScheduledBatch(False, seqs, [1] * len(seqs), preempted)
+        return self._plan_saves(ScheduledBatch(False, seqs, [1] * len(seqs), preempted))

@@ -29,6 +29,11 @@ class Sequence:
         "seq_id", "request_id", "token_ids", "num_prompt_tokens", "params", "status",
         "num_cached_tokens", "block_table", "state_slot", "finish_reason", "arrival",
         "num_preemptions", "stop_reason", "mm", "guide",
+        # prefix caching (g906/engine/prefix_cache.py): the content keys of the full blocks
+        # known so far, how many of the table's blocks are registered, the key of the latest
+        # decode-time state snapshot, the prompt tokens the cache supplied at admission, and
+        # the position where its prompt leaves the cached blocks of an earlier one
+        "block_keys", "num_registered_blocks", "tail_key", "num_hit_tokens", "prefix_branch",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival: float = 0.0):
@@ -49,6 +54,11 @@ class Sequence:
         self.num_preemptions = 0
         self.mm = None  # MultimodalInputs (g906/engine/vision) when the prompt has images
         self.guide = None  # its structured-outputs Guide (g906/engine/structured/guide.py), if constrained
+        self.block_keys: list[bytes] = []
+        self.num_registered_blocks = 0
+        self.tail_key: bytes | None = None
+        self.num_hit_tokens = 0
+        self.prefix_branch = 0      # where its prompt leaves the cached blocks of another (0: none)
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -200,6 +200,15 @@ class EmbeddedOptions(_Strict):
         "eager; otherwise at least 16). Off under enforce_eager."
     )
 
+    prefix_state_stride: int = Field(
+        512, ge=0, description="With engine.prefix_caching: also keep the linear-attention state every this many "
+        "tokens of a long prefill (rounded up to whole blocks; 0: only at prompt and sequence ends)."
+    )
+    prefix_snapshot_share: float = Field(
+        0.1, ge=0, lt=1, description="With engine.prefix_caching: the part of the cache budget given to "
+        "linear-attention state snapshots (at least two per max_num_seqs; the doctor's memory estimate counts it)."
+    )
+
     @field_validator("prefill_graph_tokens")
     @classmethod
     def _graph_tokens(cls, v: int) -> int:
@@ -213,6 +222,11 @@ class EngineSection(_Strict):
         "embedded", description="embedded = g906's own engine; vllm = hand over to an installed vLLM."
     )
     enforce_eager: bool = Field(False, description="Disable CUDA/HIP graphs (decode and prefill).")
+    prefix_caching: bool = Field(
+        True, description="Embedded engine: reuse the KV blocks and linear-attention state of prompt prefixes that "
+        "earlier requests computed (docs/engine.md, Prefix caching). A vLLM handoff keeps vLLM's own setting "
+        "(engine.vllm.extra_args)."
+    )
     reasoning_parser: Literal["none", "auto", "qwen3"] = Field(
         "none", description="qwen3 splits <think>...</think> into reasoning_content; auto: the model "
         "architecture's own parser (qwen3 for Qwen3.5)."

@@ -46,6 +46,7 @@ class ChoiceAssembler:
     logprob_runs: list[tuple[int, list]] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    cached_tokens: int = 0          # prompt tokens the engine's prefix cache supplied
     _reasoning: list[str] = field(default_factory=list)
     _content: list[str] = field(default_factory=list)
     _calls: list[ToolCallDelta] = field(default_factory=list)
@@ -55,6 +56,7 @@ class ChoiceAssembler:
         offset = len(self.prefix) + len(self.text)
         self.text += out.new_text
         self.num_tokens += len(out.new_token_ids)
+        self.cached_tokens = max(self.cached_tokens, int(getattr(out, "num_cached_tokens", 0) or 0))
         if out.new_logprobs:
             self.logprob_runs.append((offset, list(out.new_logprobs)))
         reasoning, content, calls = self._parse(out.new_text, out.finished)
@@ -144,3 +146,11 @@ class ResponseAssembler:
     @property
     def completion_tokens(self) -> int:
         return sum(c.num_tokens for c in self.choices)
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache: per prompt (counted once, as in
+        prompt_tokens) the most any of its samples had."""
+        n = self.request.n
+        return sum(max(c.cached_tokens for c in self.choices[k * n:(k + 1) * n])
+                   for k in range(len(self.request.prompts)))

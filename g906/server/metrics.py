@@ -4,7 +4,7 @@ token counters fed by the async engine's observer."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
                     20.0, 40.0, 80.0)
@@ -33,9 +33,35 @@ class _EngineCollector:
         yield gauge("state_slots_total", "Linear-attention state slots in all.", "state_slots_total")
         yield gauge("num_preemptions", "Sequences preempted (recomputed) so far.", "num_preemptions")
         yield gauge("engine_steps", "Engine steps run so far.", "steps")
+        if "prefix_cache_queried_tokens" in stats:
+            yield from _prefix_cache(stats, model)
         total = stats.get("kv_blocks_total", 0) or 1
         g = GaugeMetricFamily("g906:kv_cache_usage_perc", "Fraction of KV-cache blocks in use.", labels=["model_name"])
         g.add_metric([model], stats.get("kv_blocks_used", 0) / total)
+        yield g
+
+
+def _prefix_cache(stats: dict, model: str):
+    """The prefix cache's counters and its snapshot pool (g906/engine/prefix_cache.py)."""
+    for name, doc, key in (
+        ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", "prefix_cache_queried_tokens"),
+        ("prefix_cache_hits", "Prompt tokens served from the prefix cache.", "prefix_cache_hit_tokens"),
+        ("prefix_cache_block_evictions", "Cached KV blocks evicted to make room.", "prefix_cache_block_evictions"),
+        ("prefix_snapshot_evictions", "Linear-attention state snapshots evicted to make room.",
+         "prefix_snapshot_evictions"),
+    ):
+        c = CounterMetricFamily(f"g906:{name}", doc, labels=["model_name"])
+        c.add_metric([model], float(stats.get(key, 0)))
+        yield c
+    for name, doc, key in (
+        ("prefix_cache_blocks", "KV blocks held by the prefix cache (in use or not).", "prefix_cache_blocks"),
+        ("prefix_snapshots_used", "Linear-attention state snapshots in the pool.", "prefix_snapshots_used"),
+        ("prefix_snapshots_total", "Linear-attention state snapshot slots in all.", "prefix_snapshots_total"),
+        ("prefix_snapshots_pending", "Snapshots being taken (reserved by a step not yet read).",
+         "prefix_snapshots_pending"),
+    ):
+        g = GaugeMetricFamily(f"g906:{name}", doc, labels=["model_name"])
+        g.add_metric([model], float(stats.get(key, 0)))
         yield g
 
 

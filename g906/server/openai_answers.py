@@ -39,7 +39,8 @@ async def send_answer(request: Request, asm: ResponseAssembler, streams: list, i
 
 def _usage(asm: ResponseAssembler) -> P.Usage:
     prompt, done = asm.request.prompt_tokens, asm.completion_tokens
-    return P.Usage(prompt_tokens=prompt, completion_tokens=done, total_tokens=prompt + done)
+    return P.Usage(prompt_tokens=prompt, completion_tokens=done, total_tokens=prompt + done,
+                   prompt_tokens_details=P.PromptTokensDetails(cached_tokens=asm.cached_tokens))
 
 
 def _base(asm: ResponseAssembler) -> dict:

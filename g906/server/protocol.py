@@ -197,10 +197,15 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+class PromptTokensDetails(_Resp):
+    cached_tokens: int = 0          # prompt tokens served from the prefix cache
+
+
 class Usage(_Resp):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class TopLogprob(_Resp):

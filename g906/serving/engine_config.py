@@ -73,6 +73,9 @@ def engine_config_from_plan(plan: Plan, **overrides: Any) -> EngineConfig:
         max_waiting_requests=emb.max_waiting_requests,
         enforce_eager=bool(plan.enforce_eager),
         prefill_graph_tokens=emb.prefill_graph_tokens,
+        enable_prefix_caching=bool(plan.recipe.engine.prefix_caching),
+        prefix_state_stride=emb.prefix_state_stride,
+        prefix_snapshot_share=emb.prefix_snapshot_share,
     )
     fields = {f.name for f in dataclasses.fields(EngineConfig)}
     unknown = sorted(set(overrides) - fields)

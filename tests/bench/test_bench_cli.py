@@ -72,6 +72,8 @@ def test_offline_rich_table_and_rate():
     (["--model", "builtin:tiny-qwen35", "--prompt-len", "9:3"], "bad --prompt-len"),
     (["--url", "http://127.0.0.1:9", "--model", "x"], "leave out --model"),
     (["--url", "http://127.0.0.1:9", "-n", "1"], "cannot reach"),
+    (["--url", "http://127.0.0.1:9", "--multi-turn", "2"], "--multi-turn runs the embedded engine"),
+    (["--model", "builtin:tiny-qwen35", "--multi-turn", "2", "--prompt-len", "9:30"], "fixed lengths"),
     (["--model", "builtin:tiny-qwen35", "--prompt-len", "5000", "--max-model-len", "256"], "exceeds max_model_len"),
 ])
 def test_bad_input_is_a_message(args, msg):
@@ -181,3 +183,21 @@ def test_offline_recipe(tmp_path):
     res = json.loads(r.stdout[r.stdout.index("{"):])
     _check(res, 3, 4)
     assert res["engine"]["max_num_seqs"] == 2 and res["engine"]["max_model_len"] == 256
+
+
+def test_multi_turn_reports_hits_and_ttft_per_turn():
+    base = ["--model", "builtin:tiny-qwen35", "--multi-turn", "3", "--prompt-len", "40", "--turn-len", "10",
+            "--output-len", "4", "--device", "cpu", "--json"]
+    r = _bench(base)
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout[r.stdout.index("{"):])
+    assert res["mode"] == "multi-turn" and res["prefix_caching"] is True
+    turns = res["turns"]
+    assert [t["prompt_tokens"] for t in turns] == [40, 54, 68]
+    assert turns[0]["cached_tokens"] == 0
+    # each turn resumes at the previous prompt's end, rounded down to the block size (16)
+    assert turns[1]["cached_tokens"] == 32 and turns[2]["cached_tokens"] == 48
+    assert all(t["ttft_ms"] > 0 for t in turns) and res["hit_rate"] == (32 + 48) / (54 + 68)
+    off = json.loads((r2 := _bench(base + ["--no-prefix-caching", "--drop-answer"])).stdout[r2.stdout.index("{"):])
+    assert off["prefix_caching"] is False and all(t["cached_tokens"] == 0 for t in off["turns"])
+    assert [t["prompt_tokens"] for t in off["turns"]] == [40, 50, 60]

@@ -28,8 +28,24 @@ def test_kv_and_linear_state_arithmetic(tmp_path):
     assert d.linear_state == 24 * (32 * 128 * 128 * 4 + (2 * 16 * 128 + 32 * 128) * 4 * 2) * 4
     assert d.weights == 5 * GB
     assert d.overhead == GPU_RUNTIME_OVERHEAD
-    assert d.total == d.weights + d.kv_cache + d.linear_state + d.activations + d.overhead
+    # prefix caching (on by default): at least two state snapshots per sequence, here more
+    # than a 10% share of the cache budget would give
+    assert d.prefix_snapshots == 2 * d.linear_state
+    assert d.total == d.weights + d.kv_cache + d.linear_state + d.prefix_snapshots + d.activations + d.overhead
     assert d.budget == int(32 * GiB * 0.9) and d.fits is True and est.fits is True
+
+
+def test_prefix_cache_snapshot_pool_is_counted(tmp_path):
+    plan = make_plan(tmp_path, facts=QWEN35_9B, weights=5 * GB, max_model_len=262144, max_num_seqs=1)
+    d = estimate_memory(plan, device_kind="rocm", capacities=[32 * GiB]).per_device[0]
+    per_state = d.linear_state
+    # a long context: the 10% share of the budget (a ninth of the KV cache) is the larger
+    assert d.prefix_snapshots == int(0.1 / 0.9 * d.kv_cache) // per_state * per_state > 2 * per_state
+    plan.recipe.engine.embedded.prefix_snapshot_share = 0.25
+    assert estimate_memory(plan, device_kind="rocm").per_device[0].prefix_snapshots > d.prefix_snapshots
+    plan.recipe.engine.prefix_caching = False
+    off = estimate_memory(plan, device_kind="rocm", capacities=[32 * GiB]).per_device[0]
+    assert off.prefix_snapshots == 0 and off.total == d.total - d.prefix_snapshots
 
 
 def test_tensor_parallel_splits_weights_and_kv(tmp_path):

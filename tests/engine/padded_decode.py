@@ -13,6 +13,7 @@ def padded_decode(eng, lm, *, max_num_seqs: int, max_model_len: int = 256, use_g
     the graphs: callers set eng.runner.graphs themselves."""
     r = eng.runner
     nb, ns, sb, ss = padded_cache_sizes(r.sizing.num_blocks, max_num_seqs)
+    ns += len(r.snapshot_slots)         # the runner's prefix-cache snapshots follow the scratch slot
     cache = ModelCache.allocate(lm.config, num_blocks=nb, block_size=r.block_size, num_state_slots=ns,
                                 dtype=r.dtype, device=r.device)
     r.cache = cache

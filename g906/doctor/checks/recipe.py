@@ -251,7 +251,7 @@ def memory(ctx: Ctx) -> Result:
     rows = [header]
     for d in est.per_device:
         rows.append(f"{str(d.device):>6}  {fmt_bytes(d.weights):>9}  {fmt_bytes(d.kv_cache):>9}  "
-                    f"{fmt_bytes(d.linear_state):>9}  {fmt_bytes(d.activations + d.overhead):>9}  "
+                    f"{fmt_bytes(d.linear_state + d.prefix_snapshots):>9}  {fmt_bytes(d.activations + d.overhead):>9}  "
                     f"{fmt_bytes(d.total):>9}  {fmt_bytes(d.budget):>9}")
     util = plan.gpu_memory_utilization
     ctx_desc = f"max_model_len {est.max_model_len} x max_num_seqs {est.max_num_seqs}, {est.dtype}, TP={est.tensor_parallel_size}"

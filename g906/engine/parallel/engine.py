@@ -369,6 +369,12 @@ class TPModel(nn.Module):
             })
         self.inner.bind_cache(cache)
 
+    def copy_states(self, src: list[int], dst: list[int]) -> None:
+        """Copy linear-attention state slots on every rank (prefix-cache snapshots)."""
+        with self.group.collective("copy_states"):
+            self.group.channel.send("copy_states", {"src": [int(x) for x in src], "dst": [int(x) for x in dst]})
+        self.inner.cache.copy_states(src, dst)
+
     def on_failure(self, cb: Callable[[str], None]) -> None:
         """cb(message) runs (on a watcher thread) when a worker dies or a collective fails."""
         self.group.on_failure(cb)

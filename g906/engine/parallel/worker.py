@@ -112,6 +112,8 @@ def serve(comm, model) -> None:
                                         num_state_slots=meta["num_state_slots"], dtype=getattr(torch, meta["dtype"]),
                                         device=comm.device)
             model.bind_cache(cache)
+        elif cmd == "copy_states":
+            cache.copy_states(meta["src"], meta["dst"])
         elif cmd == "shutdown":
             return
         else:
