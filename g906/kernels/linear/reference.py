@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from ..int4.weight import is_group_quant
 from .gguf_blocks import dequantize
 
 
@@ -42,6 +43,10 @@ def linear(x, weight, *, add_norm=None, rms_of=None):
         else:
             y = x @ weight.to(x.dtype).t()
         return add_norm_out(y, add_norm)
+    if is_group_quant(weight):  # GPTQ / AWQ / compressed-tensors: its own op (int4/)
+        from .. import registry
+
+        return add_norm_out(registry.dispatch("group_quant_matmul", x, weight), add_norm)
     if getattr(weight, "planes", None) is not None:  # PackedQuant (repack.py): exact decode
         w = weight.dequantize()
     else:
