@@ -1,6 +1,9 @@
 """Hugging Face model directories: config.json + safetensors weights (single file or sharded
 with model.safetensors.index.json), F32/F16/BF16, memory-mapped through safetensors.safe_open.
-Multimodal checkpoints (Qwen3_5ForConditionalGeneration) yield the text part only."""
+Multimodal checkpoints (Qwen3_5ForConditionalGeneration) yield the text part only. GPTQ, AWQ
+and compressed-tensors checkpoints (config.json quantization_config) yield their quantized
+projections as GroupQuantWeights (hf_quant.py); other schemes are refused when the directory
+is opened."""
 
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ class HFModelDir:
         if not self.path.is_dir():
             raise G906Error(f"{self.path}: not a directory")
         self._config: ModelConfig | None = None
+        self.quant = _quant_scheme(self.path)
         self.files = self._weight_files()
 
     # ------------------------------------------------------------------ files
@@ -96,6 +100,11 @@ class HFModelDir:
         """(name, tensor) for every text-model tensor, memory-mapped (copied on conversion)."""
         total = self.total_bytes
         bar = _Progress(total, f"loading {self.path.name}") if progress else None
+        assembler = None
+        if self.quant is not None:
+            from g906.engine.loaders.hf_quant import QuantAssembler
+
+            assembler = QuantAssembler(self.quant, (n for ns in self.files.values() for n in ns), str(self.path))
         try:
             for fname, names in self.files.items():
                 fpath = self.path / fname
@@ -117,7 +126,12 @@ class HFModelDir:
                             )
                         if bar:
                             bar.advance(t.numel() * t.element_size())
-                        yield name, t
+                        if assembler is None:
+                            yield name, t
+                        else:
+                            yield from assembler.feed(name, t)
+            if assembler is not None:
+                assembler.finish()
         finally:
             if bar:
                 bar.close()
@@ -149,6 +163,24 @@ class HFModelDir:
                 if isinstance(tmpl, str):
                     return tmpl
         return None
+
+
+def _quant_scheme(path: Path):
+    """config.json's quantization_config as an HFQuant (g906.arch.hf_quant), None when the model
+    is not quantized; an unsupported scheme raises (QuantSchemeError names it)."""
+    from g906.arch.hf_quant import parse_quant_config
+
+    cfg_path = path / "config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None          # config() reports an unreadable config.json
+    if not isinstance(cfg, dict):
+        return None
+    qc = cfg.get("quantization_config")
+    if qc is None and isinstance(cfg.get("text_config"), dict):
+        qc = cfg["text_config"].get("quantization_config")
+    return parse_quant_config(qc)
 
 
 class _Progress:
