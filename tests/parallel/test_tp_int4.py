@@ -2,7 +2,7 @@
 transformers (on the dequantized weights) compute, for a GPTQ checkpoint with an 8-bit
 per-channel down_proj and 16-bit linear-attention b/a projections (tests/engine's packing); an
 act-order checkpoint, whose groups a row-parallel split would break, is refused naming the
-tensor."""
+tensor (first: a process holds one TP group at a time, and the fixture's lives to the end)."""
 
 from __future__ import annotations
 
