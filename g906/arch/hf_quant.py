@@ -141,6 +141,27 @@ def _group(gs: int, scheme: str) -> int:
     return gs
 
 
+def quant_config_of(config: dict, directory=None) -> Any:
+    """The quantization_config of a config.json (or of its text_config); for an older AutoGPTQ
+    directory whose config.json has none, its quantize_config.json (a GPTQ config)."""
+    qc = config.get("quantization_config")
+    if qc is None and isinstance(config.get("text_config"), dict):
+        qc = config["text_config"].get("quantization_config")
+    if qc is None and directory is not None:
+        import json
+        from pathlib import Path
+
+        p = Path(directory) / "quantize_config.json"
+        if p.is_file():
+            try:
+                qc = json.loads(p.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise QuantSchemeError(f"{p}: unreadable ({exc})") from None
+            if isinstance(qc, dict):
+                qc = {"quant_method": "gptq", **qc}
+    return qc
+
+
 def parse_quant_config(qc: Any) -> HFQuant | None:
     """config.json's quantization_config as an HFQuant; None when there is none. Raises
     QuantSchemeError for a scheme the engine does not run (FP8, NVFP4, bitsandbytes, 3-bit,

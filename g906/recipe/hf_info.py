@@ -92,7 +92,14 @@ def inspect_hf_dir(path: Path) -> HFInfo:
         raise ModelFileError(f"{cfg_path} does not hold a JSON object")
     archs = config.get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
-    qc = config.get("quantization_config")
+    from g906.arch.hf_quant import QuantSchemeError, quant_config_of
+
+    try:
+        qc = quant_config_of(config, path)
+    except QuantSchemeError as exc:
+        raise ModelFileError(exc.message) from None
+    if qc is not None and config.get("quantization_config") is None:
+        config["quantization_config"] = qc       # one place for the resolver to read it from
     qm = qc.get("quant_method") if isinstance(qc, dict) else None
     info = HFInfo(config=config, architecture=arch, quant_method=qm.lower() if isinstance(qm, str) else None)
 

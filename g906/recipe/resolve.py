@@ -340,16 +340,12 @@ def _hf(cx: _Ctx, recipe: Recipe, p: Path, images_on: bool) -> _Model:
 def _detected_quant(cx: _Ctx, recipe: Recipe, info, model: _Model) -> str | None:
     """The checkpoint's quant_method (normalised), its scheme parsed into model.hf_quant. A scheme
     the embedded engine does not run is an error naming it (vLLM reads more: it is passed on)."""
-    from g906.arch.hf_quant import QuantSchemeError, parse_quant_config
+    from g906.arch.hf_quant import QuantSchemeError, parse_quant_config, quant_config_of
 
     if info.quant_method is None:
         return None
-    cfg = info.config
-    qc = cfg.get("quantization_config")
-    if qc is None and isinstance(cfg.get("text_config"), dict):
-        qc = cfg["text_config"].get("quantization_config")
     try:
-        model.hf_quant = parse_quant_config(qc)
+        model.hf_quant = parse_quant_config(quant_config_of(info.config))
     except QuantSchemeError as exc:
         if recipe.engine.kind == "embedded":
             cx.error(_SOURCE, exc.message, exc.hint)

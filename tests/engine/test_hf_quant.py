@@ -86,6 +86,9 @@ def test_weights_stay_packed_as_the_config_says(quantized):
             assert w.qweight.dtype == torch.int32
             assert w.nbytes < w.shape[0] * w.shape[1] * 2        # smaller than fp16
     assert lm.info["quantized_tensors"] == len(done)
+    from g906.bench.synthetic import weight_stats      # the bench's accounting counts them packed
+
+    assert weight_stats(model)["weight_bytes"] == lm.info["weight_bytes"]
     lin = model.model.layers[0].linear_attn
     assert not isinstance(lin.in_proj_b.weight, GroupQuantWeight)    # left in 16 bit by the rules
     down = model.model.layers[0].mlp.down_proj.weight
@@ -142,3 +145,22 @@ def test_packed_module_the_config_calls_16_bit_is_an_error(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(G906Error, match=r"mlp\.up_proj is stored quantized"):
         load_model(str(tmp_path), dtype="float32", device="cpu", progress=False)
+
+
+def test_autogptq_quantize_config_json(tmp_path):
+    """An older AutoGPTQ directory: no quantization_config in config.json, a quantize_config.json
+    beside it."""
+    from g906.engine.loader import load_model
+
+    hf = build_tiny_qwen35(seed=3)
+    qc = {"bits": 4, "group_size": 32, "sym": True, "desc_act": False}
+    write_quantized(hf, tmp_path, "gptq", {"quant_method": "gptq", **qc},
+                    scheme_for=lambda m: None if BA.match(m) else (4, 32, True, False))
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    del cfg["quantization_config"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "quantize_config.json").write_text(json.dumps({**qc, "modules_to_not_convert": ["in_proj_a", "in_proj_b"]}))
+    lm = load_model(str(tmp_path), dtype="float32", device="cpu", progress=False)
+    assert isinstance(lm.model.model.layers[0].mlp.down_proj.weight, GroupQuantWeight)
+    prompt = random_prompt(12, 2)
+    assert TinyRunner(lm.model, max_seqs=1).greedy(0, prompt, 6) == hf_greedy(hf, prompt, 6)

@@ -106,3 +106,12 @@ def test_act_order_cannot_be_split(tmp_path):
     assert "act-order scatters each group of 32" in errs[0]["message"]
     write_dir(tmp_path / "m", {**GPTQ, "group_size": 32, "desc_act": True, "static_groups": True})
     assert plan_of(tmp_path, '[model]\nsource = "m"\n[parallel]\ntensor_parallel_size = 2\n').tensor_parallel_size == 2
+
+
+def test_autogptq_quantize_config_json(tmp_path):
+    d = write_dir(tmp_path / "m", None)
+    (d / "quantize_config.json").write_text(json.dumps({"bits": 4, "group_size": 128, "desc_act": False}))
+    plan = plan_of(tmp_path, '[model]\nsource = "m"\n')
+    assert plan.quantization == "gptq" and "4-bit, group 128" in plan.quant_detail
+    (d / "quantize_config.json").write_text(json.dumps({"bits": 3, "group_size": 128}))
+    assert "GPTQ 3-bit" in errors_of(tmp_path, '[model]\nsource = "m"\n')[0]["message"]

@@ -168,7 +168,7 @@ class HFModelDir:
 def _quant_scheme(path: Path):
     """config.json's quantization_config as an HFQuant (g906.arch.hf_quant), None when the model
     is not quantized; an unsupported scheme raises (QuantSchemeError names it)."""
-    from g906.arch.hf_quant import parse_quant_config
+    from g906.arch.hf_quant import parse_quant_config, quant_config_of
 
     cfg_path = path / "config.json"
     try:
@@ -177,10 +177,7 @@ def _quant_scheme(path: Path):
         return None          # config() reports an unreadable config.json
     if not isinstance(cfg, dict):
         return None
-    qc = cfg.get("quantization_config")
-    if qc is None and isinstance(cfg.get("text_config"), dict):
-        qc = cfg["text_config"].get("quantization_config")
-    return parse_quant_config(qc)
+    return parse_quant_config(quant_config_of(cfg, path))
 
 
 class _Progress:
