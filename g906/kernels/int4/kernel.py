@@ -1,8 +1,9 @@
 """Triton dequant-matmul over GroupQuantWeight (weight.py): a GEMV for decode (T <= 16) and a
 tiled GEMM for prefill (tl.dot, which has a non-matrix-core lowering on gfx906).
 
-Both read the packed words of BLOCK_N rows and BLOCK_K input features a step, shift each value
-out of its word, and dequantize it as (q - z) * s in the activations' dtype (fp16 on gfx906:
+Both read the packed words of BLOCK_N rows and BLOCK_K input features a step (the GEMV each
+word once, its values shifted out along a third axis; the GEMM per value, as tl.dot wants a
+[BLOCK_K, BLOCK_N] tile), shift each value out of its word, and dequantize it as (q - z) * s in the activations' dtype (fp16 on gfx906:
 (q - z) is exact there, one rounding for the scale) before the product, accumulated in fp32. A
 step never straddles two groups (BLOCK_K divides the group size), so each row loads one scale
 (and zero point) per step; a per-channel weight loads them once. Act-order weights are
@@ -59,20 +60,38 @@ def _gq_gemv_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, T, N, K, sx, sq, ss, sz,
                     BITS: tl.constexpr, GS: tl.constexpr, ONE_GROUP: tl.constexpr,
                     HAS_Z: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr):
+    """Each word is loaded once ([BLOCK_N, BLOCK_K / P] contiguous words a step, so the loads
+    vectorise) and its P values shifted out along a third axis; x is read in the same
+    [word, value] shape."""
     WT = x_ptr.dtype.element_ty
+    PACK: tl.constexpr = 32 // BITS
+    MASK: tl.constexpr = (1 << BITS) - 1
+    BKW: tl.constexpr = BLOCK_K // PACK
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rt = tl.arange(0, BLOCK_T)
+    rw = tl.arange(0, BKW)
+    ri = tl.arange(0, PACK)
     nm = rn < N
     tm = rt < T
-    s_one, z_one = _row_params(s_ptr, z_ptr, rn, nm, ss, sz, BITS, HAS_Z, WT)
+    KW = K // PACK
+    s, z = _row_params(s_ptr, z_ptr, rn, nm, ss, sz, BITS, HAS_Z, WT)
     acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        km = k < K
-        w = _dequant_tile(qw_ptr, s_ptr, z_ptr, rn, nm, k, km, k0, sq, ss, sz, s_one, z_one,
-                          BITS, GS, ONE_GROUP, HAS_Z, WT)
-        xk = tl.load(x_ptr + rt[:, None] * sx + k[None, :], mask=tm[:, None] & km[None, :], other=0.0)
-        acc += tl.sum((xk[:, None, :] * w[None, :, :]).to(tl.float32), axis=2)
+        w = k0 // PACK + rw
+        wm = w < KW
+        words = tl.load(qw_ptr + rn[:, None] * sq + w[None, :], mask=nm[:, None] & wm[None, :], other=0)
+        q = (words[:, :, None] >> (ri * BITS)[None, None, :]) & MASK           # [BN, BKW, P]
+        if not ONE_GROUP:
+            g = k0 // GS
+            s = tl.load(s_ptr + rn * ss + g, mask=nm, other=0.0).to(WT)
+            if HAS_Z:
+                z = tl.load(z_ptr + rn * sz + g, mask=nm, other=0).to(tl.int32)
+        wq = (q - z[:, None, None]).to(WT) * s[:, None, None]
+        k = w[:, None] * PACK + ri[None, :]                                    # [BKW, P]
+        xk = tl.load(x_ptr + rt[:, None, None] * sx + k[None, :, :],
+                     mask=tm[:, None, None] & wm[None, :, None], other=0.0)    # [BT, BKW, P]
+        prod = (xk[:, None, :, :] * wq[None, :, :, :]).to(tl.float32)           # [BT, BN, BKW, P]
+        acc += tl.sum(tl.sum(prod, axis=3), axis=2)
     tl.store(y_ptr + rt[:, None] * sy + rn[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=tm[:, None] & nm[None, :])
 
