@@ -350,6 +350,15 @@ def _translate(plan, install: VllmInstall, environ: Mapping[str, str]) -> _Built
     else:
         flag("--dtype", dtype, "model.dtype")
 
+    quant = _vllm_quantization(plan)
+    if quant is not None:
+        qchoices = install.choices("--quantization")
+        if qchoices is not None and quant not in qchoices:
+            problems.append(f"{install.describe} does not accept --quantization {quant} (the checkpoint's "
+                            f"{plan.quantization} scheme); it accepts: {', '.join(qchoices)}")
+        else:
+            flag("--quantization", quant, "model.quantization")
+
     if plan.enforce_eager:
         flag("--enforce-eager", None, "engine.enforce_eager")
 
@@ -412,6 +421,21 @@ def _translate(plan, install: VllmInstall, environ: Mapping[str, str]) -> _Built
     if opts.gfx906_mobydick_awq:
         env["VLLM_ROCM_USE_GFX906_MOBYDICK_AWQ"] = "1"
     return _Built(segs, disp, env, problems)
+
+
+def _vllm_quantization(plan) -> str | None:
+    """vLLM's --quantization for a GPTQ / AWQ / compressed-tensors checkpoint (the capability
+    table's vllm name); None for others (vLLM reads GGUF and other schemes from the files) and
+    where engine.vllm.extra_args sets it already (e.g. gptq_marlin)."""
+    from g906.arch.hf_quant import table
+
+    entry = table().get(plan.quantization)
+    if entry is None:
+        return None
+    extra = list(getattr(plan.recipe.engine.vllm, "extra_args", None) or [])
+    if any(canonical_flag(t) == "--quantization" or t == "-q" or t.startswith("-q=") for t in extra):
+        return None
+    return str(entry["vllm"])
 
 
 def check_plan_against_vllm(plan, install: VllmInstall) -> list[str]:

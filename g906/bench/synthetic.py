@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from g906.engine.synthetic import DENSE_DTYPES, SEED, NullTokenizer, normalize_quant, shape_config, synthetic_weights
-from g906.engine.weights import QuantizedTensor
+from g906.engine.weights import GroupQuantWeight, is_quantized
 
 
 def _tensors_of(w) -> list[torch.Tensor]:
@@ -22,6 +22,8 @@ def _tensors_of(w) -> list[torch.Tensor]:
     a repacked quantized weight (g906.kernels' PackedQuant)."""
     if isinstance(w, torch.Tensor):
         return [w]
+    if isinstance(w, GroupQuantWeight):      # GPTQ / AWQ / compressed-tensors: words + scales
+        return [t for t in (w.qweight, w.scales, w.zeros, w.perm) if t is not None]
     planes = getattr(w, "planes", None)
     if isinstance(planes, dict):
         return [t for t in planes.values() if isinstance(t, torch.Tensor)]
@@ -30,7 +32,7 @@ def _tensors_of(w) -> list[torch.Tensor]:
 
 
 def _is_weight(v) -> bool:
-    return isinstance(v, QuantizedTensor) or isinstance(getattr(v, "planes", None), dict)
+    return is_quantized(v) or isinstance(getattr(v, "planes", None), dict)
 
 
 def weight_stats(model) -> dict[str, int]:

@@ -77,6 +77,8 @@ def _render_plan(plan) -> Text:
     quant = plan.quantization
     if plan.gguf_tensor_types:
         quant += " (" + ", ".join(f"{k}: {v}" for k, v in plan.gguf_tensor_types.items()) + " tensors)"
+    if getattr(plan, "quant_detail", None):
+        quant = plan.quant_detail
     row("quantization", quant)
     row("served as", plan.served_model_name)
     if plan.model_files:

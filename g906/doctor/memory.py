@@ -139,6 +139,22 @@ def _snapshot_pool(plan: Any, kv_cache: int, per_state: int, seqs: int, notes: l
     return pool
 
 
+_FLOAT_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
+
+
+def _packed_weight_bytes(by_dtype: dict, act_bytes: int) -> int:
+    """Resident bytes of a GPTQ / AWQ / compressed-tensors checkpoint (bytes per safetensors
+    dtype): the packed integer tensors as stored (the engine keeps them packed), the floating
+    ones converted to the compute dtype."""
+    total = 0
+    for dt, n in by_dtype.items():
+        if not isinstance(n, int):
+            continue
+        src = _FLOAT_BYTES.get(str(dt))
+        total += n * act_bytes // src if src else n
+    return total
+
+
 def estimate_memory(
     plan: Any,
     *,
@@ -164,7 +180,12 @@ def estimate_memory(
 
     # --- weights ---------------------------------------------------------------------------
     weights = _weight_bytes(plan, notes)
-    if plan.model_format == "hf" and plan.quantization == "none":
+    by_dtype = facts.get("weights_bytes_by_dtype")
+    if plan.model_format == "hf" and plan.quantization != "none" and isinstance(by_dtype, dict) and by_dtype:
+        weights = _packed_weight_bytes(by_dtype, act_bytes)
+        notes.append(f"{plan.quantization} weights stay packed: integer words counted as stored, "
+                     f"16/32-bit tensors (scales, norms, embeddings, unquantized projections) as {dtype}")
+    elif plan.model_format == "hf" and plan.quantization == "none":
         src = DTYPE_BYTES.get(str(facts.get("torch_dtype", "")).replace("torch.", ""), None)
         if src and src != act_bytes:
             weights = weights * act_bytes // src

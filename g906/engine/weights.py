@@ -1,15 +1,18 @@
 """How loaders hand weights to the model.
 
 A loader yields (name, tensor) pairs with Hugging Face parameter names
-(e.g. "model.layers.3.linear_attn.in_proj_qkv.weight") and HF semantics. A tensor is either a
-dense torch.Tensor or a QuantizedTensor that stays quantized in memory; the matmul dequantizes
-it on the fly (g906.kernels)."""
+(e.g. "model.layers.3.linear_attn.in_proj_qkv.weight") and HF semantics. A tensor is a dense
+torch.Tensor, a QuantizedTensor (GGUF blocks) or a GroupQuantWeight (GPTQ / AWQ /
+compressed-tensors int4 or int8, g906/kernels/int4); the quantized two stay quantized in memory
+and the matmul dequantizes them on the fly (g906.kernels)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+from g906.kernels.int4.weight import GroupQuantWeight
 
 
 @dataclass
@@ -36,3 +39,11 @@ class QuantizedTensor:
         """Rows gathered as whole blocks: used for head reordering and sharding."""
         data = self.data.index_select(0, index.to(self.data.device))
         return QuantizedTensor(data, self.qtype, (int(index.numel()), self.shape[1]))
+
+
+QUANTIZED_TYPES = (QuantizedTensor, GroupQuantWeight)
+
+
+def is_quantized(t) -> bool:
+    """A weight kept quantized in memory (either kind)."""
+    return isinstance(t, QUANTIZED_TYPES)

@@ -19,6 +19,8 @@ from .attention import reference as _attn
 from .conv1d import reference as _conv
 from .embedding import reference as _emb
 from .gdn import reference as _gdn
+from .int4 import reference as _gq
+from .int4.weight import is_group_quant
 from .kv_cache import reference as _kv
 from .linear import reference as _lin
 from .norm import reference as _norm
@@ -50,6 +52,8 @@ def _linear_supports(x, weight, **_):
     if isinstance(weight, torch.Tensor):
         return (weight.dtype == x.dtype and weight.stride(1) == 1
                 and x.dtype in (torch.float16, torch.float32))
+    if is_group_quant(weight):
+        return x.dtype in (torch.float16, torch.float32)   # group_quant_matmul picks its own path
     return (getattr(weight, "qtype", None) in FUSED_QTYPES and weight.shape[1] % 256 == 0
             and x.dtype in (torch.float16, torch.float32))
 
@@ -104,6 +108,8 @@ registry.register("embedding", _emb.embedding, "embedding.kernel:embedding",
                                          and w.shape[1] % 256 == 0 and w.data.stride(1) == 1
                                          and ids.dim() == 1 and ids.is_contiguous()
                                          and dtype in (torch.float16, torch.float32)))
+registry.register("group_quant_matmul", _gq.group_quant_matmul, "int4.kernel:group_quant_matmul",
+                  lambda x, w: _ok(x) and _gq_supported(x, w))
 registry.register("linear", _lin.linear, "linear.kernel:linear", _linear_supports)
 registry.register("linear_pair", _lin.linear_pair, "linear.kernel:linear_pair",
                   lambda x, w0, w1, **_: _linear_supports(x, w0) and _linear_supports(x, w1))
@@ -115,6 +121,18 @@ registry.register("silu_mul_linear", _lin.silu_mul_linear, "linear.kernel:silu_m
                   lambda x, w, **_: x.dim() == 2 and _ok(x))
 registry.register("gated_norm_linear", _lin.gated_norm_linear, "linear.kernel:gated_norm_linear",
                   lambda o, z, nw, eps, w, **_: o.dim() == 3 and _ok(o, z))
+
+
+def _gq_supported(x, w) -> bool:
+    from .int4.kernel import supported
+
+    return supported(x, w)
+
+
+def group_quant_matmul(x, weight):
+    """x [T, K] @ weight^T for a GroupQuantWeight (GPTQ / AWQ / compressed-tensors int4 or int8,
+    g906/kernels/int4): the dequant-GEMV at decode sizes, the tiled GEMM above."""
+    return registry.dispatch("group_quant_matmul", x, weight)
 
 
 def rms_norm(x, weight, eps, *, residual=None, zero_centred=False):

@@ -111,7 +111,7 @@ def cross_field_problems(data: Any) -> list[Problem]:
                 Problem(("engine", "kind"), "engine.kind = \"vllm\" cannot serve a builtin synthetic model",
                  "use the embedded engine (engine.kind = \"embedded\") or a real model source")
             )
-        if model.get("quantization") in ("gguf", "gptq", "awq"):
+        if model.get("quantization") in ("gguf", "gptq", "awq", "compressed-tensors"):
             out.append(
                 Problem(("model", "quantization"),
                  f"model.quantization = {model['quantization']!r} does not apply to a builtin model",
@@ -123,7 +123,7 @@ def cross_field_problems(data: Any) -> list[Problem]:
 
     if is_gguf:
         q = model.get("quantization")
-        if q in ("gptq", "awq", "none"):
+        if q in ("gptq", "awq", "compressed-tensors", "none"):
             out.append(
                 Problem(("model", "quantization"), f"model.quantization = {q!r} contradicts a GGUF source",
                  "a GGUF file carries its own quantization: use \"auto\" or \"gguf\"")

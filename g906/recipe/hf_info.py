@@ -46,7 +46,12 @@ def read_json(path: Path) -> Any:
         raise ModelFileError(f"{path}:{exc.lineno}:{exc.colno}: invalid JSON: {exc.msg}") from None
 
 
-def _safetensors_header_ok(path: Path) -> None:
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def _safetensors_header_ok(path: Path) -> dict[str, int]:
+    """Check the header; return the data bytes per dtype ({"I32": n, "BF16": n, ...})."""
     try:
         with open(path, "rb") as f:
             head = f.read(8)
@@ -60,6 +65,15 @@ def _safetensors_header_ok(path: Path) -> None:
             meta = json.loads(f.read(n).decode("utf-8"))
             if not isinstance(meta, dict):
                 raise ValueError("header is not a JSON object")
+            by_dtype: dict[str, int] = {}
+            for name, t in meta.items():
+                if name == "__metadata__" or not isinstance(t, dict):
+                    continue
+                off = t.get("data_offsets")
+                if isinstance(off, list) and len(off) == 2 and all(isinstance(v, int) for v in off):
+                    dt = str(t.get("dtype"))
+                    by_dtype[dt] = by_dtype.get(dt, 0) + off[1] - off[0]
+            return by_dtype
     except ModelFileError:
         raise
     except (OSError, ValueError, UnicodeDecodeError) as exc:
@@ -78,7 +92,14 @@ def inspect_hf_dir(path: Path) -> HFInfo:
         raise ModelFileError(f"{cfg_path} does not hold a JSON object")
     archs = config.get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
-    qc = config.get("quantization_config")
+    from g906.arch.hf_quant import QuantSchemeError, quant_config_of
+
+    try:
+        qc = quant_config_of(config, path)
+    except QuantSchemeError as exc:
+        raise ModelFileError(exc.message) from None
+    if qc is not None and config.get("quantization_config") is None:
+        config["quantization_config"] = qc       # one place for the resolver to read it from
     qm = qc.get("quant_method") if isinstance(qc, dict) else None
     info = HFInfo(config=config, architecture=arch, quant_method=qm.lower() if isinstance(qm, str) else None)
 
@@ -105,8 +126,10 @@ def inspect_hf_dir(path: Path) -> HFInfo:
         help = ("g906 reads safetensors; convert the PyTorch .bin weights first" if bins
                 else "the download is incomplete, or this is not a model directory")
         raise ModelFileError(f"{path} has no *.safetensors weight files", help)
+    by_dtype: dict[str, int] = {}
     for w in info.weight_files:
-        _safetensors_header_ok(w)
+        for dt, n in _safetensors_header_ok(w).items():
+            by_dtype[dt] = by_dtype.get(dt, 0) + n
 
     info.other_files[:0] = [cfg_path]
     info.other_files += [path / n for n in TOKENIZER_FILES if (path / n).is_file()]
@@ -114,6 +137,7 @@ def inspect_hf_dir(path: Path) -> HFInfo:
         info.warnings.append(f"{path} has no tokenizer.json (the embedded engine needs it)")
     info.facts = config_facts(config)
     info.facts["weights_bytes"] = sum(w.stat().st_size for w in info.weight_files)
+    info.facts["weights_bytes_by_dtype"] = by_dtype
     return info
 
 

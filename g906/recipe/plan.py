@@ -32,7 +32,7 @@ class Plan:
     model_files: list[Path]                # every file that will be read (all shards, safetensors, tokenizer...)
     mmproj_path: Path | None
     served_model_name: str
-    quantization: Literal["none", "gguf", "gptq", "awq"]
+    quantization: str                      # none | gguf | gptq | awq | compressed-tensors (vLLM: any it reads)
     gguf_tensor_types: dict[str, int]      # GGUF type name -> tensor count (empty when not GGUF)
     dtype: str                             # as requested: auto | float16 | bfloat16 | float32
     chat_template_path: Path | None
@@ -64,6 +64,8 @@ class Plan:
     # (only with resolve(check_files=False); `g906 up` resolves with check_files=True)
     warnings: list[str] = field(default_factory=list)
     missing_files: list[Path] = field(default_factory=list)
+    # a quantized HF checkpoint's scheme in words ("GPTQ (gptq): 4-bit, group 128, symmetric")
+    quant_detail: str | None = None
 
     @property
     def images_enabled(self) -> bool:

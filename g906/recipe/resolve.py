@@ -85,6 +85,8 @@ class _Model:
     name: str = "model"
     mmproj: Path | None = None
     multimodal: bool | None = None       # None: not knowable (files missing)
+    hf_quant: Any = None                 # g906.arch.hf_quant.HFQuant of a quantized HF directory
+    hf_config: dict[str, Any] = field(default_factory=dict)
 
 
 def _media(lim: int | MediaLimit | None) -> MediaLimitPlan | None:
@@ -198,6 +200,7 @@ def _resolve(recipe: Recipe, recipe_path: str | os.PathLike | None, check_files:
         env=dict(recipe.env),
         warnings=[w.render()[0] for w in cx.warnings],
         missing_files=cx.missing,
+        quant_detail=model.hf_quant.describe() if model.hf_quant is not None else None,
     )
 
 
@@ -375,18 +378,16 @@ def _hf(cx: _Ctx, recipe: Recipe, p: Path, images_on: bool) -> _Model:
     model.architecture = info.architecture
     model.facts = info.facts
     model.multimodal = info.multimodal
-    q, detected = recipe.model.quantization, info.quant_method
+    model.hf_config = info.config
+    q, detected = recipe.model.quantization, _detected_quant(cx, recipe, info, model)
     qkey = ("model", "quantization")
-    if detected is not None and detected not in ("gptq", "awq"):
-        cx.error(_SOURCE, f"the model is quantized with {detected!r} (config.json quantization_config), "
-                 "which g906 does not run", "g906 runs unquantized, GPTQ, AWQ and GGUF models")
-    elif q == "gguf":
+    if q == "gguf":
         cx.error(qkey, 'model.quantization = "gguf" but model.source is a Hugging Face directory',
                  'use "auto" (detected: ' + (detected or "none") + ")")
-    elif q in ("none", "gptq", "awq") and q != (detected or "none"):
+    elif q != "auto" and q != (detected or "none"):
         cx.error(qkey, f"model.quantization = {q!r} but config.json says {detected or 'none'!r}",
                  'use "auto" to take what the model declares')
-    model.quantization = detected if detected in ("gptq", "awq") else "none"
+    model.quantization = detected or "none"
     if recipe.model.mmproj.strip() not in ("auto", "none"):
         cx.error(("model", "mmproj"), "model.mmproj applies to GGUF models; a Hugging Face directory "
                  "carries its own vision tower", "remove model.mmproj")
@@ -395,6 +396,22 @@ def _hf(cx: _Ctx, recipe: Recipe, p: Path, images_on: bool) -> _Model:
                  "(config.json has no vision_config)", "remove multimodal.image or set it to 0")
     _check_architecture(cx, recipe, info.architecture)
     return model
+
+
+def _detected_quant(cx: _Ctx, recipe: Recipe, info, model: _Model) -> str | None:
+    """The checkpoint's quant_method (normalised), its scheme parsed into model.hf_quant. A scheme
+    the embedded engine does not run is an error naming it (vLLM reads more: it is passed on)."""
+    from g906.arch.hf_quant import QuantSchemeError, parse_quant_config, quant_config_of
+
+    if info.quant_method is None:
+        return None
+    try:
+        model.hf_quant = parse_quant_config(quant_config_of(info.config))
+    except QuantSchemeError as exc:
+        if recipe.engine.kind == "embedded":
+            cx.error(_SOURCE, exc.message, exc.hint)
+        return info.quant_method.replace("_", "-")
+    return model.hf_quant.method if model.hf_quant is not None else None
 
 
 def _check_architecture(cx: _Ctx, recipe: Recipe, arch: str | None) -> None:
@@ -425,6 +442,19 @@ def _check_tensor_parallel(cx: _Ctx, recipe: Recipe, model: _Model) -> None:
     if msg:
         sizes = ", ".join(str(n) for n in valid_tp_sizes(model.facts))
         cx.error(("parallel", "tensor_parallel_size"), msg, f"tensor-parallel sizes this model allows: {sizes}")
+        return
+    if model.hf_quant is not None:
+        # packed weights split along their input features must keep whole quantization groups
+        from g906.arch.hf_quant import tp_split_problems
+
+        problems = tp_split_problems(model.hf_quant, model.facts, model.hf_config, tp)
+        if problems:
+            sizes = [n for n in valid_tp_sizes(model.facts)
+                     if not tp_split_problems(model.hf_quant, model.facts, model.hf_config, n)]
+            cx.error(("parallel", "tensor_parallel_size"),
+                     f"tensor_parallel_size {tp} would break the checkpoint's quantization groups: "
+                     + "; ".join(problems),
+                     "tensor-parallel sizes this checkpoint allows: " + ", ".join(str(n) for n in sizes))
 
 
 # -- advice that does not stop a start ----------------------------------------------------

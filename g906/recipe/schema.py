@@ -70,8 +70,10 @@ class ModelSection(_Strict):
     dtype: Literal["auto", "float16", "bfloat16", "float32"] = Field(
         "auto", description="auto = float16 on gfx906, bfloat16/float16 on CUDA, float32 on CPU."
     )
-    quantization: Literal["auto", "none", "gguf", "gptq", "awq"] = Field(
-        "auto", description="auto detects it from the model files."
+    quantization: Literal["auto", "none", "gguf", "gptq", "awq", "compressed-tensors"] = Field(
+        "auto", description="auto detects it from the model files (GGUF, or config.json's "
+        "quantization_config: GPTQ, AWQ, compressed-tensors W4A16/W8A16); another value must agree "
+        "with them."
     )
     chat_template: str | None = Field(
         None, min_length=1, description="Path to a Jinja chat template that overrides the model's."

@@ -46,7 +46,7 @@ def test_embedded_architectures_name_an_engine_class_and_their_tables():
 
 
 def test_the_registry_imports_neither_torch_nor_triton():
-    code = ("import sys, g906.arch, g906.arch.tp, g906.arch.quant, g906.arch.hybrid; "
+    code = ("import sys, g906.arch, g906.arch.tp, g906.arch.quant, g906.arch.hybrid, g906.arch.hf_quant; "
             "print(sorted(m for m in ('torch', 'triton') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

@@ -397,3 +397,20 @@ def test_default_log_file(vllm, monkeypatch, tmp_path):
     assert default_log_file(cmd) == tmp_path / "g906" / "logs" / "vllm-Qwen_Qwen3.5-0.8B-8000.log"
     monkeypatch.setenv("G906_LOG_DIR", "/var/log/g906")
     assert str(default_log_file(cmd)) == "/var/log/g906/vllm-Qwen_Qwen3.5-0.8B-8000.log"
+
+
+@pytest.mark.parametrize("scheme, flag", [("gptq", "gptq"), ("awq", "awq"),
+                                          ("compressed-tensors", "compressed-tensors")])
+def test_quantized_checkpoint_passes_its_quantization(vllm, scheme, flag):
+    import dataclasses
+
+    plan = dataclasses.replace(make_plan(model={"source": "/m/q"}), quantization=scheme)
+    assert _value(build_vllm_command(plan, vllm, environ={}), "--quantization") == flag
+    # a choice in extra_args (e.g. a Marlin kernel) is the user's: not doubled
+    own = dataclasses.replace(make_plan(model={"source": "/m/q"}, engine={"kind": "vllm", "vllm": {
+        "extra_args": ["--quantization", "gptq_marlin"]}}), quantization="gptq")
+    cmd = build_vllm_command(own, vllm, environ={})
+    assert cmd.argv.count("--quantization") == 1 and _value(cmd, "--quantization") == "gptq_marlin"
+    for other in ("none", "gguf"):
+        assert "--quantization" not in build_vllm_command(
+            dataclasses.replace(make_plan(model={"source": "/m/q"}), quantization=other), vllm, environ={}).argv

@@ -74,6 +74,20 @@ def test_hf_bf16_weights_converted_to_fp32_on_cpu(tmp_path):
     assert estimate_memory(plan, device_kind="rocm").per_device[0].weights == 4 * GB
 
 
+def test_hf_gptq_counts_packed_bytes(tmp_path):
+    """A 9B GPTQ-Int4: its int32 words stay packed (counted as stored), its fp16/bf16 tensors
+    (scales, embeddings, norms, 16-bit projections) at the compute dtype; split over TP ranks."""
+    by_dtype = {"I32": 4 * GB, "F16": GB // 4, "BF16": 2 * GB}
+    facts = dict(QWEN35_9B, torch_dtype="bfloat16", weights_bytes=int(6.25 * GB), weights_bytes_by_dtype=by_dtype)
+    plan = make_plan(tmp_path, fmt="hf", quantization="gptq", facts=facts, weights=int(6.25 * GB))
+    rocm = estimate_memory(plan, device_kind="rocm")
+    assert rocm.per_device[0].weights == 4 * GB + GB // 4 + 2 * GB
+    assert any("stay packed" in n for n in rocm.assumptions)
+    assert estimate_memory(plan, device_kind="cpu").per_device[0].weights == 4 * GB + GB // 2 + 4 * GB
+    tp2 = make_plan(tmp_path, fmt="hf", quantization="gptq", facts=facts, weights=int(6.25 * GB), tp=2)
+    assert estimate_memory(tp2, device_kind="rocm").per_device[0].weights == (6 * GB + GB // 4) // 2
+
+
 def test_does_not_fit_and_unknown_capacity(tmp_path):
     plan = make_plan(tmp_path, facts=QWEN35_9B, weights=15 * GB, max_model_len=131072, max_num_seqs=16)
     est = estimate_memory(plan, device_kind="rocm", capacities=[16 * GiB])

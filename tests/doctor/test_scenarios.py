@@ -315,10 +315,15 @@ def test_known_bad_combinations(tmp_path):
     assert "GGUF" in f.fix
 
     plan = make_plan(tmp_path / "awq", fmt="hf", quantization="awq", architecture="Qwen3_5ForCausalLM",
-                     weights=5 * GB, dtype="bfloat16")
+                     weights=5 * GB, dtype="bfloat16", engine_kind="vllm")
     _, findings = evaluate(tmp_path / "awq", machine, MI50_PROBE, plan=plan)
     f = by_id(findings, "recipe.known_bad")
     assert f.status == "warn" and set(f.data["ids"]) == {"awq-gfx906", "bf16-gfx906"}
+    # the embedded engine runs AWQ with its own kernels: only the bf16 advice remains
+    plan = make_plan(tmp_path / "awq-e", fmt="hf", quantization="awq", architecture="Qwen3_5ForCausalLM",
+                     weights=5 * GB, dtype="bfloat16")
+    _, findings = evaluate(tmp_path / "awq-e", machine, MI50_PROBE, plan=plan)
+    assert set(by_id(findings, "recipe.known_bad").data["ids"]) == {"bf16-gfx906"}
 
 
 def test_recipe_file_checks(tmp_path):

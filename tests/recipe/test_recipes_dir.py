@@ -15,7 +15,7 @@ from .helpers import RECIPES, REPO, run_g906
 def test_there_is_one_recipe_per_deployment():
     names = {p.name for p in RECIPES}
     assert {"demo.toml", "qwen3.5-0.8b-f16.toml", "qwen3.5-9b-f16.toml", "qwen3.5-27b-gguf-tp2.toml",
-            "qwen3.5-multimodal-gguf.toml", "qwen3.5-vllm.toml"} <= names
+            "qwen3.5-multimodal-gguf.toml", "qwen3.5-vllm.toml", "qwen3.5-9b-gptq-int4.toml"} <= names
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)

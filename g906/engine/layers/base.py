@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from g906.engine.weights import QuantizedTensor
+from g906.engine.weights import QuantizedTensor, is_quantized
 from g906.errors import G906Error
 
 
@@ -33,7 +33,7 @@ class WeightHolder(nn.Module):
         self._parameters.pop(attr, None)
         self._buffers.pop(attr, None)
         self.__dict__.pop(attr, None)
-        if value is None or isinstance(value, QuantizedTensor):
+        if value is None or is_quantized(value):
             object.__setattr__(self, attr, value)
             return
         spec = self.weight_specs().get(attr)

@@ -7,6 +7,7 @@ import torch
 from g906.engine.layers import ops
 from g906.engine.layers.base import WeightHolder, WeightSpec
 from g906.engine.weights import QuantizedTensor
+from g906.kernels.int4.weight import is_group_quant
 
 
 class Embedding(WeightHolder):
@@ -24,4 +25,6 @@ class Embedding(WeightHolder):
         w = self.weight
         if isinstance(w, QuantizedTensor):
             return ops.embedding(w, input_ids, self.dtype)
+        if is_group_quant(w):      # a compressed-tensors table quantized with the projections
+            return ops.dequantize_weight(w.select_rows(input_ids), self.dtype)
         return w.index_select(0, input_ids)

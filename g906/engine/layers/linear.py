@@ -1,4 +1,5 @@
-"""Linear layer over a dense weight or a QuantizedTensor (dequantized inside the matmul)."""
+"""Linear layer over a dense weight, a QuantizedTensor or a GroupQuantWeight (dequantized inside
+the matmul)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from g906.engine.layers import ops
 from g906.engine.layers.base import WeightHolder, WeightSpec
 from g906.engine.layers.norms import AddNorm, NormedInput
 from g906.engine.weights import QuantizedTensor
+from g906.kernels.int4.weight import cat_rows as gq_cat_rows, is_group_quant, stack_key as gq_stack_key
 
 
 def _prepare(w):
@@ -97,6 +99,8 @@ def plain(x) -> torch.Tensor:
 
 def _stack_key(w):
     """Weights with equal keys stack into one matmul (fuse_weights); None: never stacked."""
+    if is_group_quant(w):
+        return gq_stack_key(w)
     if isinstance(w, torch.Tensor):
         return ("dense", w.dtype, w.device, w.shape[1])
     if is_packed(w):
@@ -116,6 +120,8 @@ def fuse_weights(linears: list[Linear]):
         return None
     if isinstance(ws[0], torch.Tensor):
         return torch.cat(ws, dim=0)
+    if is_group_quant(ws[0]):
+        return gq_cat_rows(ws)
     if is_packed(ws[0]):
         from g906.kernels.linear.repack import cat_rows
 

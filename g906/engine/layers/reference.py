@@ -16,15 +16,21 @@ import torch
 import torch.nn.functional as F
 
 from g906.engine.weights import QuantizedTensor
+from g906.kernels.int4.weight import is_group_quant
 from g906.kernels.gdn.reference import kv_head_index  # one definition of the head mapping
 
 # --------------------------------------------------------------------------------------------
 # dense / quantized matmul
 
 
-def dequantize_weight(w: QuantizedTensor, dtype: torch.dtype) -> torch.Tensor:
-    """A QuantizedTensor as a dense [rows, cols] tensor of `dtype`."""
+def dequantize_weight(w, dtype: torch.dtype) -> torch.Tensor:
+    """A QuantizedTensor or GroupQuantWeight as a dense [rows, cols] tensor of `dtype`."""
     from g906.engine.quant.dequant import dequantize
+
+    if is_group_quant(w):
+        from g906.kernels.int4.reference import dequantize as gq_dequantize
+
+        return gq_dequantize(w, input_order=True).to(dtype)
 
     return dequantize(w.data, w.qtype, w.shape).to(dtype)
 
@@ -36,7 +42,7 @@ def embedding(weight: QuantizedTensor, ids: torch.Tensor, dtype: torch.dtype) ->
 
 def linear(x: torch.Tensor, weight: torch.Tensor | QuantizedTensor) -> torch.Tensor:
     """y = x @ weight^T; a QuantizedTensor is dequantized on the fly."""
-    if isinstance(weight, QuantizedTensor):
+    if isinstance(weight, QuantizedTensor) or is_group_quant(weight):
         weight = dequantize_weight(weight, x.dtype)
     return F.linear(x, weight)
 

@@ -1,6 +1,9 @@
 """Hugging Face model directories: config.json + safetensors weights (single file or sharded
 with model.safetensors.index.json), F32/F16/BF16, memory-mapped through safetensors.safe_open.
-Multimodal checkpoints (Qwen3_5ForConditionalGeneration) yield the text part only."""
+Multimodal checkpoints (Qwen3_5ForConditionalGeneration) yield the text part only. GPTQ, AWQ
+and compressed-tensors checkpoints (config.json quantization_config) yield their quantized
+projections as GroupQuantWeights (hf_quant.py); other schemes are refused when the directory
+is opened."""
 
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ class HFModelDir:
         if not self.path.is_dir():
             raise G906Error(f"{self.path}: not a directory")
         self._config: ModelConfig | None = None
+        self.quant = _quant_scheme(self.path)
         self.files = self._weight_files()
 
     # ------------------------------------------------------------------ files
@@ -96,6 +100,11 @@ class HFModelDir:
         """(name, tensor) for every text-model tensor, memory-mapped (copied on conversion)."""
         from g906.engine.progress import Step
 
+        assembler = None
+        if self.quant is not None:
+            from g906.engine.loaders.hf_quant import QuantAssembler
+
+            assembler = QuantAssembler(self.quant, (n for ns in self.files.values() for n in ns), str(self.path))
         with Step(f"Loading {_display_name(self.path)}", total=self.total_bytes, unit="bytes", count_noun="tensors",
                   enabled=progress) as step:
             for fname, names in self.files.items():
@@ -116,8 +125,13 @@ class HFModelDir:
                             raise G906Error(
                                 f"{fpath}: tensor {name} has dtype {t.dtype}; only F32, F16 and BF16 are supported"
                             )
-                        yield name, t
                         step.advance(t.numel() * t.element_size(), count=1)
+                        if assembler is None:
+                            yield name, t
+                        else:
+                            yield from assembler.feed(name, t)
+            if assembler is not None:
+                assembler.finish()
 
     def tokenizer(self):
         """The directory's tokenizer (g906.engine.tokenizer), or None when it has no
@@ -155,3 +169,18 @@ def _display_name(path) -> str:
     if parent.name == "snapshots" and parent.parent.name.startswith("models--"):
         return parent.parent.name[len("models--"):].replace("--", "/")
     return path.name
+
+
+def _quant_scheme(path: Path):
+    """config.json's quantization_config as an HFQuant (g906.arch.hf_quant), None when the model
+    is not quantized; an unsupported scheme raises (QuantSchemeError names it)."""
+    from g906.arch.hf_quant import parse_quant_config, quant_config_of
+
+    cfg_path = path / "config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None          # config() reports an unreadable config.json
+    if not isinstance(cfg, dict):
+        return None
+    return parse_quant_config(quant_config_of(cfg, path))

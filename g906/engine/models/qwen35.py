@@ -25,7 +25,7 @@ from g906.engine.layers.mlp import MLP
 from g906.engine.layers.norms import AddNorm, RMSNorm
 from g906.engine.layers.rotary import RotaryEmbedding
 from g906.engine.vision.glue import multimodal_step
-from g906.engine.weights import QuantizedTensor
+from g906.engine.weights import QuantizedTensor, is_quantized
 from g906.errors import G906Error
 
 _FP16_MAX = 65504.0
@@ -188,7 +188,7 @@ class Qwen35ForCausalLM(nn.Module):
                 nmtp += 1
                 if not self.keep_mtp:
                     continue
-                if isinstance(tensor, QuantizedTensor):
+                if is_quantized(tensor):
                     tensor = tensor.to(self.device)
                 else:
                     tensor = tensor.to(self.device, self.dtype if tensor.is_floating_point() else tensor.dtype)
@@ -204,7 +204,7 @@ class Qwen35ForCausalLM(nn.Module):
                     hint="the weights do not belong to a Qwen3.5 text model with this config",
                 )
             mod, attr, spec = slot
-            if isinstance(tensor, QuantizedTensor):
+            if is_quantized(tensor):
                 check_shape(raw_name, tuple(tensor.shape), spec)
                 if not spec.quantizable:
                     value = ops.dequantize_weight(tensor, spec.dtype or self.dtype).reshape(spec.shape).to(self.device)

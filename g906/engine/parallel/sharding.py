@@ -17,7 +17,10 @@ Rank r of tp holds (contiguous unless said otherwise):
   everything else  (norms, q_norm/k_norm) replicated.
 
 A QuantizedTensor is split along rows with select_rows (whole rows are whole blocks); a
-row-parallel split along its columns must take whole quant blocks, else G906Error."""
+row-parallel split along its columns must take whole quant blocks, else G906Error. A
+GroupQuantWeight (GPTQ / AWQ / compressed-tensors) likewise: any rows; columns only in whole
+quantization groups (any cut for a per-channel weight, none for an act-order one; the recipe
+refuses such a split before loading, g906.arch.hf_quant.tp_split_problems)."""
 
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ import torch
 from g906.arch.config import ModelConfig
 from g906.arch.tp import check_tp_size
 from g906.engine.weights import QuantizedTensor
+from g906.kernels.int4.weight import GroupQuantWeight
 from g906.errors import G906Error
 
 
@@ -160,6 +164,10 @@ def take(name: str, t, kind: str, idx: list[int] | None, tp: int):
     """Apply one shard plan to a dense tensor or a QuantizedTensor."""
     if kind == "replicate" or idx is None:
         return t
+    if isinstance(t, GroupQuantWeight):
+        if kind == "rows":
+            return t.select_rows(torch.as_tensor(idx, dtype=torch.long))
+        return _group_quant_columns(name, t, idx, tp)
     if isinstance(t, QuantizedTensor):
         if kind == "rows":
             return t.select_rows(torch.as_tensor(idx, dtype=torch.long))
@@ -198,6 +206,19 @@ def _quant_columns(name: str, t: QuantizedTensor, idx: list[int], tp: int) -> Qu
     byte_idx = torch.as_tensor([b * nbytes + j for b in blocks for j in range(nbytes)], dtype=torch.long)
     data = t.data.index_select(1, byte_idx.to(t.data.device))
     return QuantizedTensor(data, t.qtype, (rows, len(idx)))
+
+
+def _group_quant_columns(name: str, t: GroupQuantWeight, idx: list[int], tp: int) -> GroupQuantWeight:
+    """Input features of a group-quantized row-parallel weight: one contiguous run of whole
+    groups (and words)."""
+    problem = (t.column_split_problem(idx[0], len(idx)) if _contiguous(idx)
+               else "a rank's input features are not one contiguous run")
+    if problem:
+        raise G906Error(
+            f"tensor {name} ({t.scheme}) cannot be split across {tp} ranks: {problem}",
+            hint="use another tensor_parallel_size (g906 validate lists the ones this checkpoint allows), "
+                 "or a checkpoint quantized with a group size that divides each rank's share")
+    return t.select_cols(idx[0], len(idx))
 
 
 def _runs(idx: list[int]) -> list[tuple[int, int]]:

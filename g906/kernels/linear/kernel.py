@@ -14,6 +14,7 @@ import triton
 from .. import registry
 from .._triton_util import empty, is_rocm, next_pow2
 from ..pdl import pdl_args
+from ..int4.weight import is_group_quant
 from .dense import _gemv_config, dense_gemv
 from .gguf_matmul import quant_matmul
 from .packed import packed_matmul
@@ -81,6 +82,10 @@ def gated_norm_linear(o, z, norm_weight, eps, weight, *, add_norm=None):
 def linear(x, weight, *, add_norm=None, rms_of=None, **cfg):
     """add_norm, rms_of (residual_norm.py): inside the GEMV where linear_fuses_norm, else
     computed around the product as reference.py defines them."""
+    if is_group_quant(weight):      # GPTQ / AWQ / compressed-tensors (int4/kernel.py)
+        if add_norm is not None or rms_of is not None:
+            return _around(linear, x, weight, add_norm, rms_of, **cfg)
+        return registry.dispatch("group_quant_matmul", x, weight)
     dense = isinstance(weight, torch.Tensor)
     if dense and x.shape[0] <= 16:
         return dense_gemv(x, weight, add_norm=add_norm, rms_of=rms_of, **cfg)

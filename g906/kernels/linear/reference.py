@@ -7,6 +7,7 @@ import os
 
 import torch
 
+from ..int4.weight import is_group_quant
 from .gguf_blocks import dequantize
 
 # The float32 matrix of a GGUF weight kept on the weight object itself (CPU only): the CPU has no
@@ -70,6 +71,10 @@ def linear(x, weight, *, add_norm=None, rms_of=None):
         else:
             y = x @ weight.to(x.dtype).t()
         return add_norm_out(y, add_norm)
+    if is_group_quant(weight):  # GPTQ / AWQ / compressed-tensors: its own op (int4/)
+        from .. import registry
+
+        return add_norm_out(registry.dispatch("group_quant_matmul", x, weight), add_norm)
     w = dense_weight(weight)
     return add_norm_out((x.float() @ w.t()).to(x.dtype), add_norm)
 
