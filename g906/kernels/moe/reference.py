@@ -28,32 +28,42 @@ def dequantize_experts(w, ids: torch.Tensor) -> torch.Tensor:
     return dequantize(rows.reshape(-1, rows.shape[-1]), w.qtype, (ids.numel() * n, k)).reshape(-1, n, k)
 
 
-def _gate_up(w_gate_up, ids):
-    if isinstance(w_gate_up, tuple):
-        return torch.cat([dequantize_experts(w, ids) for w in w_gate_up], dim=1)
-    return dequantize_experts(w_gate_up, ids)
+def _expert(w, e: int) -> torch.Tensor:
+    """float32 [N, K] of expert e: a view of a dense fp32 weight (nothing copied), else decoded."""
+    if isinstance(w, tuple):
+        return torch.cat([_expert(p, e) for p in w], dim=0)
+    if isinstance(w, torch.Tensor):
+        return w[e].float()
+    return dequantize_experts(w, torch.tensor([e]))[0]
 
 
 def moe_experts(x, w_gate_up, w_down, topk_ids, topk_weights):
     """y [T, H] (x's dtype): sum over j of topk_weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t))
-    with e = topk_ids[t, j]; fp32 math. x [T, H]; topk_ids int [T, k]; topk_weights [T, k]."""
+    with e = topk_ids[t, j]; fp32 math. x [T, H]; topk_ids int [T, k]; topk_weights [T, k].
+    Only the chosen experts' weights are read, one expert at a time."""
     T, k = topk_ids.shape
     out = torch.zeros(T, x.shape[1], dtype=torch.float32, device=x.device)
     if T == 0:
         return out.to(x.dtype)
     flat = topk_ids.reshape(-1).long()
-    experts = torch.unique(flat)
-    gu = _gate_up(w_gate_up, experts)
-    dn = dequantize_experts(w_down, experts)
-    inter = gu.shape[1] // 2
     xf = x.float()
     wf = topk_weights.reshape(-1).float()
-    for i, e in enumerate(experts.tolist()):
+    if T == 1:   # decode: the k chosen experts one after the other, few ops each
+        for e, w in zip(flat.tolist(), wf.tolist()):
+            gu = _expert(w_gate_up, e)
+            inter = gu.shape[0] // 2
+            h = xf @ gu.t()
+            h = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
+            out += (h @ _expert(w_down, e).t()) * w
+        return out.to(x.dtype)
+    for e in torch.unique(flat).tolist():
         pairs = torch.nonzero(flat == e).squeeze(1)
+        gu = _expert(w_gate_up, e)
+        inter = gu.shape[0] // 2
         tok = pairs // k
-        h = xf[tok] @ gu[i].t()
+        h = xf[tok] @ gu.t()
         h = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
-        out.index_add_(0, tok, (h @ dn[i].t()) * wf[pairs, None])
+        out.index_add_(0, tok, (h @ _expert(w_down, e).t()) * wf[pairs, None])
     return out.to(x.dtype)
 
 
