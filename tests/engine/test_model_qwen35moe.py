@@ -201,3 +201,35 @@ def test_gguf_expert_count_disagreeing_with_router_is_refused(tiny_qwen35moe_hf_
                       hp_overrides={"num_experts": 8})[0]
     with pytest.raises(G906Error, match="expert_count is 8 but blk.0.ffn_gate_inp.weight routes to 16"):
         GGUFModelFile.open(path).config()
+
+
+def test_multimodal_checkpoint_text_part_and_vision_tower(tiny_qwen35moe_hf_model, tmp_path):
+    """Qwen3_5MoeForConditionalGeneration: the text part runs as the MoE model (names under
+    model.language_model.*), the vision tower loads from the same checkpoint as for dense."""
+    from transformers import Qwen3_5MoeConfig, Qwen3_5MoeForConditionalGeneration
+
+    from g906.engine.vision.runtime import load_vision
+
+    from .conftest import MOE_OVERRIDES, TINY_VOCAB, tiny_text_config_kwargs
+
+    text = tiny_text_config_kwargs(**MOE_OVERRIDES)
+    text.pop("intermediate_size")
+    cfg = Qwen3_5MoeConfig(
+        text_config=text, image_token_id=TINY_VOCAB - 4, video_token_id=TINY_VOCAB - 5,
+        vision_start_token_id=TINY_VOCAB - 3, vision_end_token_id=TINY_VOCAB - 2,
+        vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=256,
+                           patch_size=8, spatial_merge_size=2, temporal_patch_size=2, num_position_embeddings=64))
+    torch.manual_seed(7)
+    vl = Qwen3_5MoeForConditionalGeneration(cfg).eval()
+    with torch.no_grad():
+        vl.model.language_model.load_state_dict(tiny_qwen35moe_hf_model.model.state_dict())
+        vl.lm_head.weight.copy_(tiny_qwen35moe_hf_model.lm_head.weight)
+    vl.save_pretrained(tmp_path)
+    lm = _load(tmp_path)
+    assert lm.config.architecture == "Qwen3_5MoeForConditionalGeneration" and lm.config.image_token_id == TINY_VOCAB - 4
+    p = random_prompt(15, 8)
+    got = TinyRunner(lm.model, max_seqs=1, max_len=64).step([0], [p])[0]
+    assert rel_err(got, hf_logits(tiny_qwen35moe_hf_model, p)[-1]) < 1e-4
+    vision = load_vision(tmp_path, text_config=lm.config, tokenizer=None, dtype=torch.float32,
+                         device=torch.device("cpu"), required=True)
+    assert vision.tower.merger.linear_fc2.out_features == 256
