@@ -87,9 +87,10 @@ def test_reference_dequantizes_chosen_experts_like_gguf(qtype):
 def test_sort_by_expert_groups_pairs():
     ids = torch.tensor([[3, 1], [1, 0], [3, 3]], dtype=torch.int32)
     pairs, tiles = sort_by_expert(ids, 5, 2)
-    assert tiles.tolist() == [0, 1, 3, 3]
+    # 6 pairs in tiles of 2 over 5 experts: at most 3 + 5 tiles; the unused ones are -1
+    assert tiles.tolist() == [0, 1, 3, 3, -1, -1, -1, -1]
     n = ids.numel()
-    assert pairs.tolist() == [3, n, 1, 2, 0, 4, 5, n]
+    assert pairs.tolist()[:8] == [3, n, 1, 2, 0, 4, 5, n] and set(pairs.tolist()[8:]) == {n}
 
 
 @pytest.mark.parametrize("T", [1, 3])

@@ -124,6 +124,8 @@ def _grouped_gate_up_kernel(x_ptr, w_ptr, pairs_ptr, tile_e_ptr, h_ptr, num_pair
                             FP32: tl.constexpr):
     pm = tl.program_id(0)
     e = tl.load(tile_e_ptr + pm).to(tl.int64)
+    if e < 0:        # a tile the routing left unused (sort.py sizes for the most tiles)
+        return
     rows = tl.load(pairs_ptr + pm * BLOCK_M + tl.arange(0, BLOCK_M))
     valid = rows < num_pairs
     rc = tl.where(valid, rows, 0).to(tl.int64)
@@ -146,6 +148,8 @@ def _grouped_down_kernel(h_ptr, w_ptr, pairs_ptr, tile_e_ptr, tw_ptr, out_ptr, n
                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.constexpr):
     pm = tl.program_id(0)
     e = tl.load(tile_e_ptr + pm).to(tl.int64)
+    if e < 0:
+        return
     rows = tl.load(pairs_ptr + pm * BLOCK_M + tl.arange(0, BLOCK_M))
     valid = rows < num_pairs
     rc = tl.where(valid, rows, 0).to(tl.int64)
