@@ -233,3 +233,23 @@ def test_multimodal_checkpoint_text_part_and_vision_tower(tiny_qwen35moe_hf_mode
     vision = load_vision(tmp_path, text_config=lm.config, tokenizer=None, dtype=torch.float32,
                          device=torch.device("cpu"), required=True)
     assert vision.tower.merger.linear_fc2.out_features == 256
+
+
+def test_recipe_and_doctor_read_the_experts_of_a_gguf(moe_ggufs):
+    """The recipe resolver reads the stacked experts' types and bytes from the header; the
+    doctor's estimate counts the bytes a decode token reads (top_k / num_experts of them)."""
+    from g906.doctor.memory import estimate_memory
+    from g906.recipe.resolve import resolve
+    from g906.recipe.schema import Recipe
+
+    path = moe_ggufs("Q4_K")
+    plan = resolve(Recipe.model_validate({"model": {"source": str(path), "mmproj": "none"},
+                                          "parallel": {"tensor_parallel_size": 2}}))
+    f = plan.model_facts
+    assert f["num_experts"] == 16 and f["num_experts_per_tok"] == 4
+    assert f["expert_types"] == {"Q4_K": 12}
+    exps = [GGUFModelFile.open(path).tensor_entry(f"blk.{i}.ffn_{p}_exps.weight") for i in range(4)
+            for p in ("gate", "up", "down")]
+    assert f["expert_bytes"] == len(exps) * 16 * 256 * 144
+    d = estimate_memory(plan, device_kind="cpu").per_device[0]
+    assert d.active_weights == d.weights - f["expert_bytes"] + f["expert_bytes"] * 4 // 16
