@@ -60,6 +60,15 @@ class ModelConfig:
     image_token_id: int | None = None
     vision_start_token_id: int | None = None
     vision_end_token_id: int | None = None
+    # sparse MoE MLP (num_experts 0: a dense SwiGLU MLP of intermediate_size). Each token's
+    # router picks num_experts_per_tok experts of moe_intermediate_size features (softmax over
+    # all experts, top-k, renormalised when norm_topk_prob) and a shared expert of
+    # shared_expert_intermediate_size features is added, scaled by sigmoid(its gate).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = True
 
     def __post_init__(self) -> None:
         self._check_values()
@@ -77,6 +86,15 @@ class ModelConfig:
                 f"linear_num_value_heads ({self.linear_num_value_heads}) is not a multiple of "
                 f"linear_num_key_heads ({self.linear_num_key_heads})"
             )
+        if self.num_experts and not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise G906Error(
+                f"num_experts_per_tok ({self.num_experts_per_tok}) must be between 1 and "
+                f"num_experts ({self.num_experts})"
+            )
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     def _check_values(self) -> None:
         """Every size a positive integer in a sane range, every float finite and positive: a

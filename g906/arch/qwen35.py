@@ -87,6 +87,12 @@ def layer_types(n_layers: int, interval: int) -> list[str]:
 
 def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
     """From a parsed config.json: the multimodal wrapper (text_config inside) or a text config."""
+    return hf_config(cfg, lambda text: {"intermediate_size": text["intermediate_size"]})
+
+
+def hf_config(cfg: Mapping[str, Any], mlp: Any, default_arch: str = "qwen35") -> ModelConfig:
+    """ModelConfig of the hybrid stack from a config.json; mlp(text config) -> the MLP's fields
+    (dense: intermediate_size; MoE: the expert counts and sizes)."""
     top = cfg
     text = cfg.get("text_config", cfg)
     rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
@@ -97,7 +103,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
         return ModelConfig(
             vocab_size=text["vocab_size"],
             hidden_size=text["hidden_size"],
-            intermediate_size=text["intermediate_size"],
+            **mlp(text),
             num_hidden_layers=text["num_hidden_layers"],
             num_attention_heads=text["num_attention_heads"],
             num_key_value_heads=text["num_key_value_heads"],
@@ -120,7 +126,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> ModelConfig:
             bos_token_id=text.get("bos_token_id", top.get("bos_token_id")),
             eos_token_ids=eos_ids,
             pad_token_id=text.get("pad_token_id", top.get("pad_token_id")),
-            architecture=archs[0] if archs else "qwen35",
+            architecture=archs[0] if archs else default_arch,
             image_token_id=top.get("image_token_id"),
             vision_start_token_id=top.get("vision_start_token_id"),
             vision_end_token_id=top.get("vision_end_token_id"),
@@ -145,6 +151,14 @@ def config_from_gguf(md: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]
     """From GGUF metadata (full keys, "qwen35.block_count", ...) and the tensors' shapes (the
     vocabulary is token_embd's rows; no output.weight means a tied LM head). Token ids come from
     the tokenizer metadata, which the loader reads."""
+    return gguf_config(md, shapes, source,
+                       lambda k: {"intermediate_size": int(k("feed_forward_length", required=True))})
+
+
+def gguf_config(md: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]], source: str, mlp: Any,
+                architecture: str = "qwen35") -> ModelConfig:
+    """ModelConfig of the hybrid stack from GGUF metadata; mlp(k) -> the MLP's fields, k reading
+    "<arch>.<key>" (k(key, default, required=...))."""
     arch = md.get("general.architecture")
 
     def k(key: str, default: Any = None, *, required: bool = False) -> Any:
@@ -185,7 +199,7 @@ def config_from_gguf(md: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]
         return ModelConfig(
             vocab_size=int(emb[0]),
             hidden_size=hidden,
-            intermediate_size=int(k("feed_forward_length", required=True)),
+            **mlp(k),
             num_hidden_layers=n_layers,
             num_attention_heads=n_heads,
             num_key_value_heads=n_kv,
@@ -208,7 +222,7 @@ def config_from_gguf(md: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]
             num_mtp_layers=n_mtp,
             bos_token_id=None if bos is None else int(bos),
             pad_token_id=None if pad is None else int(pad),
-            architecture="qwen35",
+            architecture=architecture,
         )
     except G906Error as exc:
         raise G906Error(f"{source}: {exc.message}", hint=exc.hint) from None
@@ -261,7 +275,7 @@ def _block_shapes(c: ModelConfig) -> dict[str, dict[str, tuple[int, ...]]]:
     }
 
 
-def gguf_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+def gguf_shapes(c: ModelConfig, present: Any = None) -> dict[str, tuple[int, ...]]:
     """Every tensor a qwen35 GGUF file must hold, with its shape (torch order)."""
     blocks = _block_shapes(c)
     H = c.hidden_size
@@ -274,7 +288,7 @@ def gguf_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     return exp
 
 
-def gguf_mtp_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+def gguf_mtp_shapes(c: ModelConfig, present: Any = None) -> dict[str, tuple[int, ...]]:
     """The MTP blocks' tensors (a full-attention layer plus the block-level projections)."""
     H, L = c.hidden_size, c.num_hidden_layers
     out: dict[str, tuple[int, ...]] = {}

@@ -57,9 +57,15 @@ def hf_architecture_name(cfg: Mapping[str, Any]) -> str | None:
 
 def config_from_hf(cfg: Mapping[str, Any], source: str = "config.json") -> ModelConfig:
     """ModelConfig from a parsed config.json, mapped by its architecture's module. A config that
-    names no architecture is read as Qwen3.5 (text configs saved without one)."""
+    names no architecture is read as Qwen3.5 (text configs saved without one), MoE when its
+    model_type says so or it counts experts."""
     name = hf_architecture_name(cfg)
-    arch = qwen35.ARCH if name is None else for_engine(name, source)
+    if name is None:
+        text = cfg.get("text_config", cfg)
+        moe = "moe" in str(cfg.get("model_type", "")) or bool(isinstance(text, Mapping) and text.get("num_experts"))
+        arch = qwen35moe.ARCH if moe else qwen35.ARCH
+    else:
+        arch = for_engine(name, source)
     assert arch.config_from_hf is not None
     try:
         return arch.config_from_hf(cfg)

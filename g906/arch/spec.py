@@ -45,10 +45,11 @@ class Architecture:
     # (metadata, tensor shapes by GGUF name, source for messages) -> ModelConfig
     config_from_gguf: Callable[[Mapping[str, Any], Mapping[str, tuple[int, ...]], str], ModelConfig] | None = None
     gguf_to_hf: GGUFNameMap | None = None
-    # GGUF tensor name -> shape every file of this architecture must have (main layers) and may
-    # have (MTP blocks)
-    gguf_shapes: Callable[[ModelConfig], dict[str, tuple[int, ...]]] | None = None
-    gguf_optional_shapes: Callable[[ModelConfig], dict[str, tuple[int, ...]]] | None = None
+    # (config, the file's tensor names or None) -> GGUF tensor name -> shape every file of this
+    # architecture must have (main layers) and may have (MTP blocks); the names let a module
+    # accept either of two layouts a converter writes (fused or separate expert projections)
+    gguf_shapes: Callable[..., dict[str, tuple[int, ...]]] | None = None
+    gguf_optional_shapes: Callable[..., dict[str, tuple[int, ...]]] | None = None
     # HF tensor name, shape for every weight of the model (synthetic models are built from it)
     hf_shapes: Callable[[ModelConfig], Iterator[tuple[str, tuple[int, ...]]]] | None = None
     # output parsers the server uses by default for this architecture (the recipe may override)

@@ -92,6 +92,9 @@ def write_synthetic_gguf(shape: str, quant: str, path: str | Path, *, overrides:
     if quant not in _FILE_TYPES:
         raise G906Error(f"cannot write --quant {quant} as GGUF", hint="use f16, bf16, f32, q8_0 or q4_k")
     config = shape_config(shape, overrides)
+    if config.is_moe:
+        raise G906Error(f"--write-gguf writes dense shapes only; {shape} is a mixture of experts",
+                        hint="benchmark the MoE shape in memory (g906 bench --shape without --write-gguf)")
     if config.vocab_size < 600:
         raise G906Error("the GGUF tokenizer needs vocab_size >= 600", hint="raise the vocab_size override")
     dense = {"f32": torch.float32, "bf16": torch.bfloat16}.get(quant, torch.float16)

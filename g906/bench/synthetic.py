@@ -38,7 +38,8 @@ def _is_weight(v) -> bool:
 def weight_stats(model) -> dict[str, int]:
     """Resident weight bytes of a loaded model and the bytes one decode step reads.
 
-    bytes_per_token: every weight except the embedding table, of which one row is read; when
+    bytes_per_token: every weight except the embedding table, of which one row is read, and for an
+    MoE model only top_k / num_experts of the routed experts (its active bytes); when
     the LM head is the embedding (tied), the whole table is read by the head."""
     seen: set[int] = set()
     total = 0
@@ -61,18 +62,29 @@ def weight_stats(model) -> dict[str, int]:
                 total += add(t)
         for name, v in mod.__dict__.items():
             # quantized weights, and fused ones kept as plain attributes (gate_up_weight)
-            if _is_weight(v) or (isinstance(v, torch.Tensor) and name.endswith("weight")):
+            if _is_weight(v) or (isinstance(v, torch.Tensor) and (name.endswith("weight") or name == "gate_up")):
                 total += add(v)
             elif hasattr(v, "linears") and hasattr(v, "weights"):   # FusedProjections
                 total += sum(add(w) for w in v.weights)
+    # MoE: a token reads only its top_k of the routed experts
+    cfg = model.config
+    expert_bytes = 0
+    for mod in model.modules():
+        if type(mod).__name__ == "Experts":
+            ws = [mod.gate_up, mod.down_proj] if not isinstance(mod.gate_up, tuple) else [*mod.gate_up, mod.down_proj]
+            expert_bytes += sum(t.numel() * t.element_size() for w in ws for t in _tensors_of(w))
+    unread = expert_bytes - expert_bytes * cfg.num_experts_per_tok // cfg.num_experts if expert_bytes else 0
     emb = model.model.embed_tokens.weight
     emb_bytes = sum(t.numel() * t.element_size() for t in _tensors_of(emb))
     rows = int(getattr(emb, "shape", (1,))[0]) or 1
     row = emb_bytes // rows
-    per_token = total - emb_bytes + row
+    per_token = total - emb_bytes + row - unread
     if model.lm_head is None:
         per_token += emb_bytes
-    return {"weight_bytes": int(total), "embedding_bytes": int(emb_bytes), "bytes_per_token": int(per_token)}
+    out = {"weight_bytes": int(total), "embedding_bytes": int(emb_bytes), "bytes_per_token": int(per_token)}
+    if expert_bytes:
+        out["expert_bytes"] = int(expert_bytes)
+    return out
 
 
 def build_synthetic(shape: str, *, quant: str = "f16", dtype: str | torch.dtype = "auto", device=None,
@@ -80,7 +92,7 @@ def build_synthetic(shape: str, *, quant: str = "f16", dtype: str | torch.dtype 
     """A LoadedModel (g906.engine.loader) with random weights of `shape`, built on `device`."""
     from g906.engine.device import default_device, resolve_dtype
     from g906.engine.sources import LoadedModel
-    from g906.engine.models.qwen35 import Qwen35ForCausalLM
+    from g906.engine.models import model_class
 
     quant = normalize_quant(quant)
     config = shape_config(shape, overrides)
@@ -98,7 +110,7 @@ def build_synthetic(shape: str, *, quant: str = "f16", dtype: str | torch.dtype 
         # input type), fp32 on the CPU
         cdtype = torch.float16 if dev.type == "cuda" else torch.float32
     t0 = time.perf_counter()
-    model = Qwen35ForCausalLM(config, dtype=cdtype, device=dev, max_positions=max_positions)
+    model = model_class(config)(config, dtype=cdtype, device=dev, max_positions=max_positions)
     stats = model.load_weights(synthetic_weights(config, quant=quant, dtype=cdtype, device=dev, seed=seed))
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)

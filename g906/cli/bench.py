@@ -146,7 +146,7 @@ def register(app: typer.Typer) -> None:
     def bench(
         model: str | None = typer.Option(None, "--model", "-m", help="Offline: a GGUF file, an HF directory or builtin:NAME."),
         recipe: str | None = typer.Option(None, "--recipe", help="Offline: the model and limits of a recipe file."),
-        shape: str | None = typer.Option(None, "--shape", help="Offline: random weights of a real shape (qwen3.5-0.8b, -2b, -4b, -9b, -27b)."),
+        shape: str | None = typer.Option(None, "--shape", help="Offline: random weights of a real shape (qwen3.5-0.8b, -2b, -4b, -9b, -27b, -35b-a3b)."),
         quant: str = typer.Option("f16", "--quant", help="With --shape: f16, bf16, f32, q8_0 or q4_k (llama.cpp's Q4_K_M mix)."),
         overrides: list[str] = typer.Option(None, "--shape-override", help="With --shape: KEY=VALUE config changes (repeatable), e.g. num_hidden_layers=4."),
         url: str | None = typer.Option(None, "--url", help="Online: base URL of an OpenAI-compatible server (g906, vLLM, llama-server)."),

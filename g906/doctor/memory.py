@@ -46,6 +46,9 @@ class DeviceMemory:
     overhead: int
     total: int
     prefix_snapshots: int = 0             # the prefix cache's linear-attention state snapshots
+    # weight bytes one decode token reads: all of them for a dense model; for an MoE model the
+    # non-expert weights plus top_k / num_experts of the experts (the decode bandwidth limit)
+    active_weights: int = 0
     capacity: int | None = None           # VRAM (or RAM) of the device
     budget: int | None = None             # capacity x gpu_memory_utilization
     fits: bool | None = None
@@ -155,6 +158,36 @@ def _packed_weight_bytes(by_dtype: dict, act_bytes: int) -> int:
     return total
 
 
+@dataclass(frozen=True)
+class MoEFacts:
+    num_experts: int
+    top_k: int
+    expert_bytes: int               # bytes of all routed experts (every layer), in the files' types
+    expert_types: dict[str, int]    # GGUF types of the stacked expert tensors ({} for HF)
+
+    def active_bytes(self, weights: int) -> int:
+        """Weight bytes one token reads: the non-expert weights and its top_k experts."""
+        return weights - self.expert_bytes + math.ceil(self.expert_bytes * self.top_k / self.num_experts)
+
+
+def moe_facts(facts: dict[str, Any], weights: int, dtype_bytes: int) -> MoEFacts | None:
+    """The MoE facts of a model (None for a dense one): from the GGUF header (expert_count,
+    expert_used_count, the ffn_*_exps tensors' bytes and types) or the HF config (num_experts,
+    num_experts_per_tok, moe_intermediate_size: expert bytes from the shapes)."""
+    gg = facts.get("gguf") or {}
+    experts = _int(facts, "num_experts") or _int(gg, "expert_count")
+    top_k = _int(facts, "num_experts_per_tok") or _int(gg, "expert_used_count")
+    if not experts or not top_k:
+        return None
+    ebytes = _int(facts, "expert_bytes")
+    if ebytes is None:
+        hidden, layers = _int(facts, "hidden_size"), _int(facts, "num_hidden_layers")
+        inter = _int(facts, "moe_intermediate_size") or _int(gg, "expert_feed_forward_length")
+        ebytes = 3 * experts * inter * hidden * layers * dtype_bytes if hidden and layers and inter else 0
+    types = facts.get("expert_types")
+    return MoEFacts(experts, top_k, min(ebytes, weights), dict(types) if isinstance(types, dict) else {})
+
+
 def estimate_memory(
     plan: Any,
     *,
@@ -191,6 +224,13 @@ def estimate_memory(
             weights = weights * act_bytes // src
             notes.append(f"dense weights converted from {facts.get('torch_dtype')} to {dtype}")
     weights_per_dev = math.ceil(weights / tp)
+    moe = moe_facts(facts, weights, act_bytes)
+    active_per_dev = math.ceil((moe.active_bytes(weights) if moe else weights) / tp)
+    if moe is not None:
+        kinds = ", ".join(f"{t} x{n}" for t, n in moe.expert_types.items()) or "the checkpoint's dtype"
+        notes.append(f"MoE: {moe.num_experts} experts, {moe.top_k} per token; experts {fmt_bytes(moe.expert_bytes)} "
+                     f"of {fmt_bytes(weights)} ({kinds}); a decode token reads about "
+                     f"{fmt_bytes(active_per_dev)} of weights per device")
 
     # --- shapes ----------------------------------------------------------------------------
     layers = _int(facts, "num_hidden_layers") or 0
@@ -233,6 +273,12 @@ def estimate_memory(
     # --- activations ---------------------------------------------------------------------------
     step_tokens = plan.max_num_batched_tokens or min(ctx, 4096)
     inter = _int(facts, "intermediate_size") or 4 * hidden
+    if moe is not None:   # a token's MLP activations: its chosen experts and the shared expert
+        gg = facts.get("gguf") or {}
+        e_inter = _int(facts, "moe_intermediate_size") or _int(gg, "expert_feed_forward_length") or inter
+        s_inter = (_int(facts, "shared_expert_intermediate_size")
+                   or _int(gg, "expert_shared_feed_forward_length") or e_inter)
+        inter = moe.top_k * e_inter + s_inter
     vocab = _int(facts, "vocab_size") or 0
     per_token = (4 * hidden + 3 * math.ceil(inter / tp) + 2 * math.ceil(max(heads, 1) * head_dim / tp)) * act_bytes
     activations = step_tokens * per_token + seqs * vocab * 4 + 2 * step_tokens * hidden * 4
@@ -252,8 +298,9 @@ def estimate_memory(
         cap = capacities[i] if capacities is not None and i < len(capacities) else None
         budget = int(cap * util) if cap is not None and device_kind != "cpu" else cap
         per_device.append(DeviceMemory(
-            device=label, weights=weights_per_dev, kv_cache=kv_cache, linear_state=linear_state,
-            activations=activations, overhead=overhead, total=total, prefix_snapshots=snapshots, capacity=cap, budget=budget,
+            device=label, weights=weights_per_dev, active_weights=active_per_dev, kv_cache=kv_cache,
+            linear_state=linear_state, activations=activations, overhead=overhead, total=total,
+            prefix_snapshots=snapshots, capacity=cap, budget=budget,
             fits=(total <= budget) if budget is not None else None,
         ))
     return MemoryEstimate(dtype=dtype, device_kind=device_kind, tensor_parallel_size=tp, max_model_len=ctx,

@@ -35,7 +35,7 @@ import torch
 
 from g906 import data as _data
 from g906.arch.config import ModelConfig
-from g906.engine.weights import QuantizedTensor
+from g906.engine.weights import QuantizedExperts, QuantizedTensor
 from g906.errors import G906Error, UsageError
 
 QUANTS = ("f16", "bf16", "f32", "q8_0", "q4_k")
@@ -71,7 +71,10 @@ def shape_config(name: str, overrides: dict[str, Any] | None = None) -> ModelCon
     fields.setdefault("rope_theta", 10_000_000.0)
     fields.setdefault("mrope_section", [11, 11, 10])
     fields.setdefault("eos_token_ids", [])
-    fields["architecture"] = "qwen35"
+    fields["architecture"] = "qwen35moe" if fields.get("num_experts") else "qwen35"
+    if fields.get("num_experts"):
+        fields.setdefault("moe_intermediate_size", fields["intermediate_size"])
+        fields.setdefault("shared_expert_intermediate_size", fields["moe_intermediate_size"])
     try:
         return ModelConfig(**fields)
     except TypeError as exc:
@@ -125,7 +128,7 @@ def _category(name: str) -> str:
         return "token_embd"
     if name.endswith("self_attn.v_proj.weight"):
         return "attn_v"
-    if name.endswith("mlp.down_proj.weight"):
+    if name.endswith(("mlp.down_proj.weight", "mlp.experts.down_proj")):
         return "ffn_down"
     if name.endswith("linear_attn.in_proj_qkv.weight"):
         return "attn_qkv"
@@ -240,8 +243,10 @@ def _gen(name: str, seed: int, device: torch.device) -> torch.Generator:
 def tensor_specs(config: ModelConfig) -> Iterator[tuple[str, str, tuple[int, ...]]]:
     """(HF name, kind, shape) of every tensor of a Qwen3.5 text model, in checkpoint order.
 
-    kind: "mat" (a 2-D matrix, maybe quantized), "zc_norm" (zero-centred norm weight),
-    "norm" (plain norm weight, ~1), "conv" (conv1d [C, 1, K]), "dt_bias", "A_log"."""
+    kind: "mat" (a 2-D matrix, maybe quantized), "experts" (stacked expert matrices [E, N, K],
+    maybe quantized), "dense" (a matrix kept dense: the MoE router and shared-expert gate, as
+    llama.cpp keeps them), "zc_norm" (zero-centred norm weight), "norm" (plain norm weight, ~1),
+    "conv" (conv1d [C, 1, K]), "dt_bias", "A_log"."""
     c = config
     H, I = c.hidden_size, c.intermediate_size
     nk, nv, dk, dv = (c.linear_num_key_heads, c.linear_num_value_heads, c.linear_key_head_dim,
@@ -270,6 +275,17 @@ def tensor_specs(config: ModelConfig) -> Iterator[tuple[str, str, tuple[int, ...
             yield p + "self_attn.q_norm.weight", "zc_norm", (hd,)
             yield p + "self_attn.k_norm.weight", "zc_norm", (hd,)
         yield p + "post_attention_layernorm.weight", "zc_norm", (H,)
+        if c.is_moe:
+            E, M, S = c.num_experts, c.moe_intermediate_size, c.shared_expert_intermediate_size
+            yield p + "mlp.gate.weight", "dense", (E, H)
+            yield p + "mlp.experts.gate_proj", "experts", (E, M, H)
+            yield p + "mlp.experts.up_proj", "experts", (E, M, H)
+            yield p + "mlp.experts.down_proj", "experts", (E, H, M)
+            yield p + "mlp.shared_expert.gate_proj.weight", "mat", (S, H)
+            yield p + "mlp.shared_expert.up_proj.weight", "mat", (S, H)
+            yield p + "mlp.shared_expert.down_proj.weight", "mat", (H, S)
+            yield p + "mlp.shared_expert_gate.weight", "dense", (1, H)
+            continue
         yield p + "mlp.gate_proj.weight", "mat", (I, H)
         yield p + "mlp.up_proj.weight", "mat", (I, H)
         yield p + "mlp.down_proj.weight", "mat", (H, I)
@@ -279,10 +295,18 @@ def tensor_specs(config: ModelConfig) -> Iterator[tuple[str, str, tuple[int, ...
 
 
 def make_tensor(name: str, kind: str, shape: tuple[int, ...], qtype: str | None, *, dtype: torch.dtype,
-                device, seed: int = SEED) -> torch.Tensor | QuantizedTensor:
+                device, seed: int = SEED) -> torch.Tensor | QuantizedTensor | QuantizedExperts:
     """One synthetic tensor (deterministic in name and seed)."""
     dev = torch.device(device)
     g = _gen(name, seed, dev)
+    if kind == "dense":
+        return torch.randn(shape, generator=g, device=dev, dtype=dtype).mul_(1.0 / math.sqrt(shape[-1]))
+    if kind == "experts":
+        E, rows, cols = shape
+        if qtype is None:
+            return torch.randn(shape, generator=g, device=dev, dtype=dtype).mul_(1.0 / math.sqrt(cols))
+        blocks = random_blocks(qtype, E * rows, cols, g=g, device=dev)
+        return QuantizedExperts(blocks.reshape(E, rows, -1), qtype, (E, rows, cols))
     if kind == "mat":
         rows, cols = shape
         if qtype is None:
@@ -310,7 +334,7 @@ def synthetic_weights(config: ModelConfig, *, quant: str = "f16", dtype: torch.d
     2-D matrices are QuantizedTensors where the quant plan says so."""
     plan = QuantPlan(quant, config)
     for name, kind, shape in tensor_specs(config):
-        qt = plan.qtype(name, shape[1]) if kind == "mat" else None
+        qt = plan.qtype(name, shape[-1]) if kind in ("mat", "experts") else None
         yield name, make_tensor(name, kind, shape, qt, dtype=dtype, device=device, seed=seed)
 
 

@@ -23,6 +23,7 @@ from .int4 import reference as _gq
 from .int4.weight import is_group_quant
 from .kv_cache import reference as _kv
 from .linear import reference as _lin
+from .moe import reference as _moe
 from .norm import reference as _norm
 from .rotary import reference as _rot
 
@@ -133,6 +134,29 @@ def group_quant_matmul(x, weight):
     """x [T, K] @ weight^T for a GroupQuantWeight (GPTQ / AWQ / compressed-tensors int4 or int8,
     g906/kernels/int4): the dequant-GEMV at decode sizes, the tiled GEMM above."""
     return registry.dispatch("group_quant_matmul", x, weight)
+
+def _moe_supports(x, w_gate_up, w_down, topk_ids, topk_weights):
+    from .moe.kernel import supports
+
+    return _ok(x) and supports(x, w_gate_up, w_down, topk_ids, topk_weights)
+
+
+registry.register("moe_experts", _moe.moe_experts, "moe.kernel:moe_experts", _moe_supports)
+
+
+def moe_route(router_logits, top_k, renormalize):
+    """(weights fp32 [T, k], expert ids int32 [T, k]) of router_logits [T, E]: softmax over the
+    experts, top k, renormalised to sum 1 when asked."""
+    return _moe.route(router_logits, top_k, renormalize)
+
+
+def moe_experts(x, w_gate_up, w_down, topk_ids, topk_weights):
+    """The routed experts of a sparse MoE MLP: y [T, H] = sum_j topk_weights[t, j] *
+    down_e(silu(gate_e(x_t)) * up_e(x_t)), e = topk_ids[t, j]. w_gate_up [E, 2I, H] ([gate; up]
+    per expert) and w_down [E, H, I]: dense, GGUF blocks (QuantizedExperts) or any container
+    with dequantize_experts(ids) (g906/kernels/moe/reference.py). Only the chosen experts'
+    weights are read: a routed GEMV at decode, a grouped GEMM over expert-sorted pairs above."""
+    return registry.dispatch("moe_experts", x, w_gate_up, w_down, topk_ids, topk_weights)
 
 
 def rms_norm(x, weight, eps, *, residual=None, zero_centred=False):

@@ -13,6 +13,7 @@ from typing import Any
 from g906.arch import lookup, qwen35
 
 GGUF_MAGIC = b"GGUF"
+EXPERT_TENSOR_RE = re.compile(r"\.ffn_(gate|up|down|gate_up)_exps\.weight$")
 SHARD_RE = re.compile(r"^(?P<stem>.+)-(?P<idx>\d{5})-of-(?P<total>\d{5})\.gguf$", re.IGNORECASE)
 
 
@@ -30,6 +31,9 @@ class GGUFHeader:
     tensor_types: Counter = field(default_factory=Counter)
     scalars: dict[str, Any] = field(default_factory=dict)    # every scalar key/value
     array_lengths: dict[str, int] = field(default_factory=dict)
+    # stacked MoE expert tensors (ffn_*_exps): their types and bytes
+    expert_types: Counter = field(default_factory=Counter)
+    expert_bytes: int = 0
 
 
 def split_parts(path: Path) -> tuple[str, int, int] | None:
@@ -89,6 +93,9 @@ def read_header(path: Path) -> GGUFHeader:
                 header.scalars[name] = _plain(fld.contents())
         for t in reader.tensors:
             header.tensor_types[t.tensor_type.name] += 1
+            if EXPERT_TENSOR_RE.search(t.name):
+                header.expert_types[t.tensor_type.name] += 1
+                header.expert_bytes += int(t.n_bytes)
     except ModelFileError:
         raise
     except Exception as exc:  # noqa: BLE001 - a corrupt file must be a message, not a traceback

@@ -144,7 +144,8 @@ def inspect_hf_dir(path: Path) -> HFInfo:
 _HF_FACTS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
              "num_key_value_heads", "head_dim", "vocab_size", "full_attention_interval",
              "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-             "linear_value_head_dim", "linear_conv_kernel_dim")
+             "linear_value_head_dim", "linear_conv_kernel_dim", "num_experts", "num_experts_per_tok",
+             "moe_intermediate_size", "shared_expert_intermediate_size")
 
 
 def config_facts(config: dict[str, Any]) -> dict[str, Any]:

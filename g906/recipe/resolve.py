@@ -290,6 +290,8 @@ def _gguf(cx: _Ctx, recipe: Recipe, p: Path, images_on: bool) -> _Model:
         return model
     model.files = shards
     types: Counter = Counter()
+    expert_types: Counter = Counter()
+    expert_bytes = 0
     first = None
     for s in shards:
         if not cx.need(_SOURCE, s, f"GGUF shard {s.name} of the split set"):
@@ -300,6 +302,8 @@ def _gguf(cx: _Ctx, recipe: Recipe, p: Path, images_on: bool) -> _Model:
             cx.error(_SOURCE, exc.message, exc.help)
             continue
         types.update(header.tensor_types)
+        expert_types.update(header.expert_types)
+        expert_bytes += header.expert_bytes
         if s == shards[0]:
             first = header
     model.tensor_types = dict(sorted(types.items()))
@@ -308,6 +312,9 @@ def _gguf(cx: _Ctx, recipe: Recipe, p: Path, images_on: bool) -> _Model:
     model.architecture = first.architecture
     model.facts = header_facts(first)
     model.facts["weights_bytes"] = sum(s.stat().st_size for s in shards if s.exists())
+    if expert_types:  # MoE: the stacked experts, read per chosen expert at decode
+        model.facts["expert_bytes"] = expert_bytes
+        model.facts["expert_types"] = dict(sorted(expert_types.items()))
     declared = first.scalars.get("split.count")
     if isinstance(declared, int) and declared > 1 and declared != len(shards):
         cx.error(_SOURCE, f"{p.name} says it is one of {declared} split files, but its name does not "

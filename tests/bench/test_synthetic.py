@@ -17,7 +17,8 @@ TINY = dict(num_hidden_layers=4, hidden_size=256, intermediate_size=512, vocab_s
 
 
 def test_shapes_are_data():
-    assert shape_names() == ["qwen3.5-0.8b", "qwen3.5-2b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b"]
+    assert shape_names() == ["qwen3.5-0.8b", "qwen3.5-2b", "qwen3.5-4b", "qwen3.5-9b", "qwen3.5-27b",
+                             "qwen3.5-35b-a3b"]
     c = shape_config("qwen3.5-9b")
     assert (c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size) == (4096, 12288, 32, 248320)
     assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (16, 4, 256)
@@ -137,6 +138,25 @@ def test_build_runs_and_counts_bytes(quant):
         for out in eng.step():
             toks += out.new_token_ids
     assert len(toks) == 4 and all(0 <= t < 1024 for t in toks)
+
+
+def test_moe_shape_and_its_active_bytes():
+    c = shape_config("qwen3.5-35b-a3b")
+    assert (c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size, c.shared_expert_intermediate_size) \
+        == (256, 8, 512, 512) and c.architecture == "qwen35moe" and c.num_hidden_layers == 40
+    moe_tiny = dict(TINY, num_experts=16, num_experts_per_tok=4, intermediate_size=256, moe_intermediate_size=256,
+                    shared_expert_intermediate_size=256)
+    lm = build_synthetic("qwen3.5-35b-a3b", quant="q4_k", device="cpu", overrides=moe_tiny)
+    experts = lm.model.model.layers[0].mlp.experts
+    assert experts.gate_up.qtype == "Q4_K" and experts.down_proj.qtype in ("Q4_K", "Q6_K")
+    ws = weight_stats(lm.model)
+    # 16 experts x (2 x 256 + 256 rows) x 256 / 256 x 144 bytes in each of 4 layers, but one is
+    # Q6_K (use_more_bits): count from the weights themselves
+    eb = sum(t.nbytes for layer in lm.model.model.layers
+             for t in (layer.mlp.experts.gate_up, layer.mlp.experts.down_proj))
+    assert ws["expert_bytes"] == eb
+    assert ws["bytes_per_token"] == ws["weight_bytes"] - ws["embedding_bytes"] + ws["embedding_bytes"] // 1024 \
+        - (eb - eb * 4 // 16)
 
 
 def test_untied_bytes_exclude_embedding():

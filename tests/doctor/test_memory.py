@@ -109,3 +109,45 @@ def test_fmt_bytes():
     assert fmt_bytes(None) == "?"
     assert fmt_bytes(3 * GiB) == "3.0 GiB"
     assert fmt_bytes(5 * 1024 ** 2) == "5 MiB"
+
+
+# Qwen3.5-35B-A3B (config.json of Qwen/Qwen3.5-35B-A3B, text_config) as a GGUF header gives it
+QWEN35_35B_A3B = {
+    "num_hidden_layers": 40, "hidden_size": 2048, "num_attention_heads": 16, "num_key_value_heads": 2,
+    "head_dim": 256, "vocab_size": 248320, "full_attention_interval": 4, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4, "context_length": 262144, "num_experts": 256, "num_experts_per_tok": 8,
+    "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+    "expert_bytes": 18 * GiB, "expert_types": {"Q4_K": 80, "Q5_K": 20, "Q6_K": 20},
+}
+
+
+def test_moe_counts_active_weights_and_fits_one_mi50(tmp_path):
+    plan = make_plan(tmp_path, facts=QWEN35_35B_A3B, weights=21 * GiB, architecture="qwen35moe",
+                     max_model_len=32768, max_num_seqs=4)
+    est = estimate_memory(plan, device_kind="rocm", capacities=[32 * GiB])
+    d = est.per_device[0]
+    assert d.weights == 21 * GiB
+    # the non-expert 3 GiB plus 8 of 256 experts
+    assert d.active_weights == 3 * GiB + 18 * GiB * 8 // 256
+    assert est.fits is True
+    note = next(n for n in est.assumptions if n.startswith("MoE:"))
+    assert "256 experts, 8 per token" in note and "Q4_K x80" in note
+    # two cards: each holds and reads half
+    two = estimate_memory(make_plan(tmp_path, facts=QWEN35_35B_A3B, weights=21 * GiB, architecture="qwen35moe",
+                                    tp=2), device_kind="rocm").per_device
+    assert two[0].active_weights == -(-d.active_weights // 2) and two[0].weights == -(-d.weights // 2)
+
+
+def test_moe_expert_bytes_from_hf_shapes(tmp_path):
+    facts = {k: v for k, v in QWEN35_35B_A3B.items() if k not in ("expert_bytes", "expert_types")}
+    plan = make_plan(tmp_path, facts=facts, weights=67 * GiB, fmt="hf", quantization="none",
+                     architecture="Qwen3_5MoeForConditionalGeneration")
+    d = estimate_memory(plan, device_kind="rocm").per_device[0]
+    experts = 3 * 256 * 512 * 2048 * 40 * 2
+    assert d.active_weights == d.weights - experts + experts * 8 // 256
+
+
+def test_dense_models_read_all_their_weights(tmp_path):
+    d = estimate_memory(make_plan(tmp_path, facts=QWEN35_9B, weights=5 * GB), device_kind="rocm").per_device[0]
+    assert d.active_weights == d.weights

@@ -4,6 +4,8 @@ Hugging Face directories, plus a minimal cache-backed runner for driving the g90
 Fixtures (session-scoped):
   tiny_qwen35_hf_model   transformers Qwen3_5ForCausalLM (eval, fp32), the reference
   tiny_qwen35_hf_dir     its save_pretrained directory (config.json + model.safetensors)
+  tiny_qwen35moe_hf_model / tiny_qwen35moe_hf_dir
+                         Qwen3_5MoeForCausalLM (MOE_OVERRIDES: 16 experts, top-4, hidden 256)
   tiny_qwen35_vl_hf_model / tiny_qwen35_vl_hf_dir
                          Qwen3_5ForConditionalGeneration with a tiny vision tower and the same
                          text weights (checkpoint names model.language_model.*, model.visual.*)
@@ -137,6 +139,48 @@ def tiny_qwen35_vl_hf_model(tiny_qwen35_hf_model):
 def tiny_qwen35_vl_hf_dir(tiny_qwen35_vl_hf_model, tmp_path_factory):
     d = tmp_path_factory.mktemp("tiny-qwen35-vl-hf")
     tiny_qwen35_vl_hf_model.save_pretrained(d)
+    return d
+
+
+# A tiny Qwen3.5 MoE whose every expert row is a whole number of 256-element super-blocks
+# (K-quants): 16 experts, top-4, experts and shared expert of 256 features.
+MOE_OVERRIDES = dict(
+    hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=64,
+    num_experts=16, num_experts_per_tok=4, moe_intermediate_size=256, shared_expert_intermediate_size=256,
+)
+
+
+@torch.no_grad()
+def build_tiny_qwen35moe(seed: int = 0, **over):
+    """transformers Qwen3_5MoeForCausalLM (eval, fp32) with randomised weights; the router gets
+    a larger scale so that the top-k choice is clear-cut (no ties a rounding could flip)."""
+    from transformers import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    kw = tiny_text_config_kwargs(**{**MOE_OVERRIDES, **over})
+    kw.pop("intermediate_size")
+    torch.manual_seed(seed)
+    model = Qwen3_5MoeForCausalLM(Qwen3_5MoeTextConfig(**kw)).eval().to(torch.float32)
+    randomise_qwen35(model, seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    for name, p in model.named_parameters():
+        if name.endswith("mlp.experts.gate_up_proj") or name.endswith("mlp.experts.down_proj"):
+            p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+        elif name.endswith("mlp.gate.weight"):
+            p.copy_(4 * torch.randn(p.shape, generator=g) / math.sqrt(p.shape[-1]))
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen35moe_hf_model():
+    return build_tiny_qwen35moe(seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen35moe_hf_dir(tiny_qwen35moe_hf_model, tmp_path_factory):
+    """save_pretrained directory: experts one tensor each, as on the Hub."""
+    d = tmp_path_factory.mktemp("tiny-qwen35moe-hf")
+    tiny_qwen35moe_hf_model.save_pretrained(d)
     return d
 
 

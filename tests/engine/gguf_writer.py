@@ -276,7 +276,7 @@ def convert_tensor(name: str, t: torch.Tensor, hp: Mapping[str, Any]) -> tuple[s
 def random_mtp_tensors(hp: Mapping[str, Any], n_layers: int = 1, seed: int = 5) -> dict[str, torch.Tensor]:
     """Synthetic HF-named MTP weights (transformers' Qwen3.5 classes drop mtp.* on load)."""
     g = torch.Generator().manual_seed(seed)
-    H, I = hp["hidden_size"], hp["intermediate_size"]
+    H, I = hp["hidden_size"], hp.get("moe_intermediate_size") or hp["intermediate_size"]
     nh, nkv = hp["num_attention_heads"], hp["num_key_value_heads"]
     hd = hp.get("head_dim") or H // nh
     out = {
@@ -296,10 +296,24 @@ def random_mtp_tensors(hp: Mapping[str, Any], n_layers: int = 1, seed: int = 5) 
             p + "self_attn.o_proj.weight": torch.randn(H, nh * hd, generator=g) / (nh * hd) ** 0.5,
             p + "self_attn.q_norm.weight": 0.3 * torch.randn(hd, generator=g),
             p + "self_attn.k_norm.weight": 0.3 * torch.randn(hd, generator=g),
-            p + "mlp.gate_proj.weight": torch.randn(I, H, generator=g) / H ** 0.5,
-            p + "mlp.up_proj.weight": torch.randn(I, H, generator=g) / H ** 0.5,
-            p + "mlp.down_proj.weight": torch.randn(H, I, generator=g) / I ** 0.5,
         })
+        if hp.get("num_experts"):
+            E, S = hp["num_experts"], hp["shared_expert_intermediate_size"]
+            out.update({
+                p + "mlp.gate.weight": torch.randn(E, H, generator=g) / H ** 0.5,
+                p + "mlp.experts.gate_up_proj": torch.randn(E, 2 * I, H, generator=g) / H ** 0.5,
+                p + "mlp.experts.down_proj": torch.randn(E, H, I, generator=g) / I ** 0.5,
+                p + "mlp.shared_expert.gate_proj.weight": torch.randn(S, H, generator=g) / H ** 0.5,
+                p + "mlp.shared_expert.up_proj.weight": torch.randn(S, H, generator=g) / H ** 0.5,
+                p + "mlp.shared_expert.down_proj.weight": torch.randn(H, S, generator=g) / S ** 0.5,
+                p + "mlp.shared_expert_gate.weight": torch.randn(1, H, generator=g) / H ** 0.5,
+            })
+        else:
+            out.update({
+                p + "mlp.gate_proj.weight": torch.randn(I, H, generator=g) / H ** 0.5,
+                p + "mlp.up_proj.weight": torch.randn(I, H, generator=g) / H ** 0.5,
+                p + "mlp.down_proj.weight": torch.randn(H, I, generator=g) / I ** 0.5,
+            })
     return out
 
 
@@ -356,7 +370,8 @@ def write_gguf(
     drop_tensors: tuple[str, ...] = (),
     extra_metadata: Mapping[str, Any] | None = None,
     hp_overrides: Mapping[str, Any] | None = None,
-    arch: str = "qwen35",
+    arch: str | None = None,
+    gate_up_stacked: bool = False,
 ) -> list[Path]:
     """Convert an HF Qwen3.5 (model object or saved directory) to GGUF; returns the file path(s).
 
@@ -364,7 +379,15 @@ def write_gguf(
     type_overrides: GGUF tensor name -> type (wins over qtype), e.g. {"token_embd.weight": "Q6_K"};
         a type neither gguf-py nor this module can quantize gets random bytes of the right size.
     hp_overrides: hyperparameters changed in the METADATA only (to make inconsistent files).
-    arch: general.architecture to write (metadata keys use it as their prefix).
+    arch: general.architecture to write (metadata keys use it as their prefix); default qwen35,
+        or qwen35moe for a model with experts.
+    gate_up_stacked: MoE only: write each layer's experts as one ffn_gate_up_exps [E, 2I, H]
+        instead of ffn_gate_exps + ffn_up_exps (llama.cpp's converter writes either).
+    MoE (qwen35moe, as the converter writes it): per-expert or fused HF expert tensors become
+    stacked ffn_{gate,up,down}_exps [E, N, K]; mlp.gate -> ffn_gate_inp (kept F32, like the
+    converter and llama-quantize), shared expert -> ffn_*_shexp, shared_expert_gate ->
+    ffn_gate_inp_shexp as a vector [H]; expert_count, expert_used_count,
+    expert_feed_forward_length, expert_shared_feed_forward_length in the metadata.
     """
     import gguf
 
@@ -379,11 +402,15 @@ def write_gguf(
         tensors[k] = v
     if hp.get("tie_word_embeddings"):
         tensors.pop("lm_head.weight", None)  # tied: the checkpoint carries no separate head
+    moe = bool(hp.get("num_experts"))
+    arch = arch or ("qwen35moe" if moe else "qwen35")
     if mtp_layers:
         tensors.update(random_mtp_tensors(hp, mtp_layers))
+    if moe:
+        tensors = stack_experts(tensors, hp["num_experts"], gate_up_stacked)
     L = hp["num_hidden_layers"]
     block_count = L + mtp_layers
-    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN35, block_count)
+    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN35MOE if moe else gguf.MODEL_ARCH.QWEN35, block_count)
 
     meta_hp = {**hp, **(hp_overrides or {})}
     w = gguf.GGUFWriter(path=None, arch=arch, split_max_tensors=split_max_tensors)
@@ -392,7 +419,13 @@ def write_gguf(
     w.add_block_count(meta_hp.get("num_hidden_layers", L) + mtp_layers)
     w.add_context_length(meta_hp.get("max_position_embeddings", 4096))
     w.add_embedding_length(meta_hp["hidden_size"])
-    w.add_feed_forward_length(meta_hp["intermediate_size"])
+    if moe:
+        w.add_expert_count(meta_hp["num_experts"])
+        w.add_expert_used_count(meta_hp["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(meta_hp["moe_intermediate_size"])
+        w.add_expert_shared_feed_forward_length(meta_hp["shared_expert_intermediate_size"])
+    else:
+        w.add_feed_forward_length(meta_hp["intermediate_size"])
     w.add_head_count(meta_hp["num_attention_heads"])
     w.add_head_count_kv(meta_hp["num_key_value_heads"])
     rope = dict(meta_hp.get("rope_parameters") or meta_hp.get("rope_scaling") or {})
@@ -433,9 +466,12 @@ def write_gguf(
         if gname in drop_tensors:
             continue
         arr = data.numpy().astype(np.float32)
+        if gname.endswith(".ffn_gate_inp_shexp.weight"):
+            arr = arr.reshape(-1)
         want = overrides.get(gname)
         if want is None:
-            if arr.ndim <= 1 or gname.endswith("_norm.weight") or ".ssm_conv1d." in gname:
+            if (arr.ndim <= 1 or gname.endswith("_norm.weight") or ".ssm_conv1d." in gname
+                    or gname.endswith(".ffn_gate_inp.weight")):
                 want = "F32"
             else:
                 want = qtype
@@ -454,7 +490,7 @@ def write_gguf(
         else:  # a type nobody here quantizes (e.g. IQ2_XXS): random blocks of the right size
             qt = gguf.GGMLQuantizationType[w_type]
             block, type_size = gguf.GGML_QUANT_SIZES[qt]
-            raw = np.random.default_rng(0).integers(0, 256, (arr.shape[0], arr.shape[1] // block * type_size),
+            raw = np.random.default_rng(0).integers(0, 256, (*arr.shape[:-1], arr.shape[-1] // block * type_size),
                                                     dtype=np.uint8)
             w.add_tensor(gname, raw, raw_dtype=qt)
     out = Path(path)
@@ -465,6 +501,34 @@ def write_gguf(
     if split_max_tensors:
         return sorted(out.parent.glob(f"{out.stem}-*-of-*.gguf"))
     return [out]
+
+
+def stack_experts(tensors: dict[str, torch.Tensor], num_experts: int, gate_up_stacked: bool) -> dict[str, torch.Tensor]:
+    """HF expert tensors (fused gate_up_proj [E, 2I, H] / down_proj, or one per expert) -> the
+    converter's stacked mlp.experts.{gate,up,down}_proj.weight [E, N, K] (or gate_up_proj.weight),
+    named with ".weight" as the converter names merged experts."""
+    out: dict[str, torch.Tensor] = {}
+    per: dict[str, dict[int, torch.Tensor]] = {}
+    for k, v in tensors.items():
+        parts = k.split(".")
+        if ".mlp.experts." in k and parts[-2].endswith("_proj") and parts[-3].isdecimal():
+            per.setdefault(".".join(parts[:-3] + [parts[-2], "weight"]), {})[int(parts[-3])] = v
+        elif k.endswith(".mlp.experts.gate_up_proj"):
+            half = v.shape[1] // 2
+            out[k.replace("gate_up_proj", "gate_proj.weight")] = v[:, :half]
+            out[k.replace("gate_up_proj", "up_proj.weight")] = v[:, half:]
+        elif k.endswith(".mlp.experts.down_proj"):
+            out[k + ".weight"] = v
+        else:
+            out[k] = v
+    for k, got in per.items():
+        assert len(got) == num_experts, (k, len(got))
+        out[k] = torch.stack([got[i] for i in range(num_experts)])
+    if gate_up_stacked:
+        for k in [k for k in out if k.endswith(".mlp.experts.gate_proj.weight")]:
+            up = out.pop(k.replace("gate_proj", "up_proj"))
+            out[k.replace("gate_proj", "gate_up_proj")] = torch.cat([out.pop(k), up], dim=1)
+    return out
 
 
 def _add_vocab(w: Any, tok_dir: Path, vocab_size: int, pre: str) -> None:

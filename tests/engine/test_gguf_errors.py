@@ -84,10 +84,9 @@ def test_unknown_architecture(tiny_qwen35_hf_model, tmp_path):
     _expect(p, "architecture", "'llama'")
 
 
-def test_moe_architecture_points_to_vllm(tiny_qwen35_hf_model, tmp_path):
+def test_dense_file_labelled_moe_names_the_missing_expert_metadata(tiny_qwen35_hf_model, tmp_path):
     p = write_gguf(tiny_qwen35_hf_model, tmp_path / "moe.gguf", arch="qwen35moe")[0]
-    err = _expect(p, "qwen35moe")
-    assert "vllm" in (err.hint or "")
+    _expect(p, "lacks qwen35moe.expert_feed_forward_length")
 
 
 def test_missing_metadata(tiny_qwen35_hf_model, tmp_path):

@@ -15,7 +15,8 @@ from .helpers import RECIPES, REPO, run_g906
 def test_there_is_one_recipe_per_deployment():
     names = {p.name for p in RECIPES}
     assert {"demo.toml", "qwen3.5-0.8b-f16.toml", "qwen3.5-9b-f16.toml", "qwen3.5-27b-gguf-tp2.toml",
-            "qwen3.5-multimodal-gguf.toml", "qwen3.5-vllm.toml", "qwen3.5-9b-gptq-int4.toml"} <= names
+            "qwen3.5-multimodal-gguf.toml", "qwen3.5-vllm.toml", "qwen3.5-9b-gptq-int4.toml",
+            "qwen3.5-35b-a3b-gguf.toml", "qwen3.5-35b-a3b-gguf-tp2.toml"} <= names
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
@@ -50,6 +51,11 @@ def test_deployment_details():
     p = plan("qwen3.5-multimodal-gguf.toml")
     assert p["mm_limits"]["image"] == {"count": 1, "width": 512, "height": 512}
     assert plan("qwen3.5-vllm.toml")["engine_kind"] == "vllm"
+    p = plan("qwen3.5-35b-a3b-gguf.toml")
+    assert "UD-Q4_K_XL" in p["model_source"] and p["tensor_parallel_size"] == 1 and p["engine_kind"] == "embedded"
+    assert p["mm_limits"]["image"]["count"] == 1
+    p = plan("qwen3.5-35b-a3b-gguf-tp2.toml")
+    assert (p["tensor_parallel_size"], p["devices"], p["max_model_len"]) == (2, [0, 1], 131072)
     p = plan("demo.toml")
     assert (p["model_format"], p["served_model_name"], p["warnings"]) == ("builtin", "tiny-qwen35", [])
 

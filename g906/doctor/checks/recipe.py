@@ -132,6 +132,13 @@ def gguf_types(ctx: Ctx) -> Result:
     supported = set(quant.gguf_types())
     bad = {t: n for t, n in types.items() if t not in supported}
     listing = ", ".join(f"{t} x{n}" for t, n in sorted(types.items()))
+    experts = (plan.model_facts or {}).get("expert_types")
+    if isinstance(experts, dict) and experts:   # MoE: what the routed-expert kernels read
+        listing += "; routed experts: " + ", ".join(f"{t} x{n}" for t, n in sorted(experts.items()))
+        slow = sorted(t for t in experts if t in supported and t not in quant.fused_types())
+        if slow and plan.engine_kind == "embedded":
+            listing += (f" ({', '.join(slow)}: no fused expert kernel, the chosen experts are dequantized "
+                        "each step: slower)")
     if bad and plan.engine_kind == "embedded":
         return fail(f"tensor type(s) the embedded engine does not support: {', '.join(sorted(bad))}",
                     listing + "\nsupported: " + ", ".join(sorted(supported)),

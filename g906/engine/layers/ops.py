@@ -18,6 +18,8 @@ from g906.kernels.ops import (  # noqa: F401
     linear_fuses_norm,
     linear_glu,
     linear_pair,
+    moe_experts,
+    moe_route,
     paged_decode_attention,
     prefill_attention,
     qk_norm_rotary,

@@ -43,7 +43,7 @@ import torch
 from g906.arch import quant as _quant
 from g906.arch import registry as _arch
 from g906.arch.config import ModelConfig
-from g906.engine.weights import QuantizedTensor
+from g906.engine.weights import QuantizedExperts, QuantizedTensor
 from g906.errors import G906Error
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -343,19 +343,19 @@ class GGUFModelFile:
             return
         self.config()
         supported = _type_table()
-        expected = self.arch().gguf_shapes(self.config())
+        expected = self.arch().gguf_shapes(self.config(), self._tensors)
         for name, shape in expected.items():
             t = self._tensors.get(name)
             if t is None:
                 raise G906Error(f"{self.path}: tensor {name} is missing",
                                 hint="the file is incomplete or was written for another model layout")
-            if tuple(t.shape) != tuple(shape):
+            if not _same_shape(t.shape, shape):
                 raise G906Error(
                     f"{t.path}: tensor {name} has shape {list(t.shape)}, expected {list(shape)} "
                     "from the model metadata")
-        for name, shape in self.arch().gguf_optional_shapes(self.config()).items():
+        for name, shape in self.arch().gguf_optional_shapes(self.config(), self._tensors).items():
             t = self._tensors.get(name)
-            if t is not None and tuple(t.shape) != tuple(shape):
+            if t is not None and not _same_shape(t.shape, shape):
                 raise G906Error(f"{t.path}: tensor {name} has shape {list(t.shape)}, expected {list(shape)}")
         for t in self._tensors.values():
             if t.type_name not in supported:
@@ -372,7 +372,8 @@ class GGUFModelFile:
 
     def raw_tensor(self, name: str) -> torch.Tensor | QuantizedTensor:
         """The tensor as stored (no semantic transform): dense torch tensor in the file dtype
-        (F32/F16/BF16), or a QuantizedTensor for 2-D quantized data."""
+        (F32/F16/BF16), a QuantizedTensor for 2-D quantized data, QuantizedExperts for 3-D
+        (stacked experts)."""
         t = self._tensors[name]
         supported = _type_table()
         if t.type_name not in supported:
@@ -389,6 +390,8 @@ class GGUFModelFile:
             return raw.reshape(-1).view(torch.bfloat16).reshape(t.shape)
         if len(t.shape) == 2:
             return QuantizedTensor(raw.reshape(t.shape[0], -1), t.type_name, (t.shape[0], t.shape[1]))
+        if len(t.shape) == 3:  # stacked experts: the routed kernels read the chosen ones in place
+            return QuantizedExperts(raw.reshape(t.shape[0], t.shape[1], -1), t.type_name, t.shape)
         from g906.engine.quant.dequant import dequantize
 
         return dequantize(raw.reshape(-1, raw.shape[-1]), t.type_name, t.shape)
@@ -443,6 +446,13 @@ class GGUFModelFile:
     def chat_template(self) -> str | None:
         v = self.metadata.get("tokenizer.chat_template")
         return v if isinstance(v, str) and v else None
+
+
+def _same_shape(got: tuple[int, ...], want: tuple[int, ...]) -> bool:
+    """Equal shapes; a vector may also come as one row [1, n] (a converter that kept the HF
+    [1, H] of a gate vector)."""
+    got, want = tuple(got), tuple(want)
+    return got == want or (len(want) == 1 and got == (1, *want))
 
 
 def _dense(t: torch.Tensor | QuantizedTensor) -> torch.Tensor:

@@ -22,10 +22,11 @@ from g906.engine.layers.embedding import Embedding
 from g906.engine.layers.gated_deltanet import GatedDeltaNet
 from g906.engine.layers.linear import Linear
 from g906.engine.layers.mlp import MLP
+from g906.engine.layers.moe import SparseMoeBlock
 from g906.engine.layers.norms import AddNorm, RMSNorm
 from g906.engine.layers.rotary import RotaryEmbedding
 from g906.engine.vision.glue import multimodal_step
-from g906.engine.weights import QuantizedTensor, is_quantized
+from g906.engine.weights import QuantizedExperts, QuantizedTensor, is_quantized
 from g906.errors import G906Error
 
 _FP16_MAX = 65504.0
@@ -53,7 +54,12 @@ class DecoderLayer(nn.Module):
             )
         else:
             raise G906Error(f"layer {layer_idx}: unknown layer type {self.layer_type!r}")
-        self.mlp = MLP(config.hidden_size, config.intermediate_size)
+        if config.is_moe:
+            self.mlp = SparseMoeBlock(config.hidden_size, config.num_experts, config.num_experts_per_tok,
+                                      config.moe_intermediate_size, config.shared_expert_intermediate_size,
+                                      config.norm_topk_prob)
+        else:
+            self.mlp = MLP(config.hidden_size, config.intermediate_size)
         self.input_layernorm = RMSNorm(config.hidden_size, eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
 
@@ -204,7 +210,11 @@ class Qwen35ForCausalLM(nn.Module):
                     hint="the weights do not belong to a Qwen3.5 text model with this config",
                 )
             mod, attr, spec = slot
-            if is_quantized(tensor):
+            if isinstance(tensor, QuantizedExperts):
+                check_shape(raw_name, tuple(tensor.shape), spec)
+                value = tensor.to(self.device)
+                nquant += 1
+            elif is_quantized(tensor):
                 check_shape(raw_name, tuple(tensor.shape), spec)
                 if not spec.quantizable:
                     value = ops.dequantize_weight(tensor, spec.dtype or self.dtype).reshape(spec.shape).to(self.device)

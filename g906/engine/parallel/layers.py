@@ -4,6 +4,8 @@ build_rank_model() makes the model (its architecture's class) of the rank's loca
 size divided by tp: column-parallel projections come out the right size by themselves) and swaps
 in, by module name:
   o_proj, linear_attn.out_proj, mlp.down_proj -> RowParallelLinear (partial sums, all-reduced)
+  a MoE MLP (SparseMoeBlock)                 -> its comm set: it all-reduces once, after the
+                                                routed and shared experts' partial sums
   model.embed_tokens                         -> VocabParallelEmbedding (rows of its vocab range)
   lm_head                                    -> a Linear of the rank's vocab rows
 so that the checkpoint's HF names still find their slots, and the model's own load_weights
@@ -76,8 +78,11 @@ def build_rank_model(config: ModelConfig, comm: Comm, *, dtype: torch.dtype, dev
             mixer, name = layer.linear_attn, "out_proj"
         old = getattr(mixer, name)
         setattr(mixer, name, RowParallelLinear(old.in_features, old.out_features, comm))
-        old = layer.mlp.down_proj
-        layer.mlp.down_proj = RowParallelLinear(old.in_features, old.out_features, comm)
+        if hasattr(layer.mlp, "experts"):
+            layer.mlp.comm = comm   # one all-reduce of the routed + shared experts' partial sums
+        else:
+            old = layer.mlp.down_proj
+            layer.mlp.down_proj = RowParallelLinear(old.in_features, old.out_features, comm)
     model.model.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype, comm)
     if model.lm_head is not None:
         s, e = vocab_range(config.vocab_size, comm.rank, comm.size)

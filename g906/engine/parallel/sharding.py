@@ -13,6 +13,10 @@ Rank r of tp holds (contiguous unless said otherwise):
                    rows of V_r (Dv each), in_proj_b/a rows, A_log and dt_bias entries of V_r;
                    out_proj columns of V_r (row-parallel). The gated norm (per head) is replicated.
   MLP              gate/up rows [r*I/tp, ...), down_proj columns alike (row-parallel).
+  MoE MLP          every expert's features alike: stacked gate/up [E, I, H] rows [r*I/tp, ...) of
+                   each expert (fused gate_up_proj: those of gate and of up), down_proj [E, H, I]
+                   columns alike; the shared expert as the MLP; the router and the shared
+                   expert's gate replicated. The block all-reduces its sum once (layers/moe.py).
   vocabulary       rows [r*P, min(V, (r+1)*P)), P = ceil(V/tp), of the embedding and the LM head.
   everything else  (norms, q_norm/k_norm) replicated.
 
@@ -33,7 +37,7 @@ import torch
 
 from g906.arch.config import ModelConfig
 from g906.arch.tp import check_tp_size
-from g906.engine.weights import QuantizedTensor
+from g906.engine.weights import QuantizedExperts, QuantizedTensor
 from g906.kernels.int4.weight import GroupQuantWeight
 from g906.errors import G906Error
 
@@ -57,6 +61,8 @@ def local_config(config: ModelConfig, tp: int) -> ModelConfig:
         linear_num_key_heads=config.linear_num_key_heads // tp,
         linear_num_value_heads=config.linear_num_value_heads // tp,
         intermediate_size=config.intermediate_size // tp,
+        moe_intermediate_size=config.moe_intermediate_size // tp,
+        shared_expert_intermediate_size=config.shared_expert_intermediate_size // tp,
         layer_types=list(config.layer_types),
     )
 
@@ -139,6 +145,8 @@ def shard_plan(name: str, config: ModelConfig, rank: int, tp: int) -> tuple[str,
             return "cols", _expand(v_heads, dv)
         if tail.startswith("norm."):
             return "replicate", None
+    elif c.is_moe:
+        return _moe_plan(tail, c, rank, tp)
     else:
         inter = c.intermediate_size // tp
         if tail in ("gate_proj.weight", "up_proj.weight"):
@@ -146,6 +154,32 @@ def shard_plan(name: str, config: ModelConfig, rank: int, tp: int) -> tuple[str,
         if tail == "down_proj.weight":
             return "cols", _span(rank * inter, inter)
     raise G906Error(f"tensor {name}: no tensor-parallel sharding rule for it",
+                    hint="this checkpoint has a tensor the tensor-parallel engine does not know")
+
+
+_PER_EXPERT = re.compile(r"^experts\.\d+\.(gate|up|down)_proj\.weight$")
+
+
+def _moe_plan(tail: str, c: ModelConfig, rank: int, tp: int) -> tuple[str, list[int] | None]:
+    inter = c.moe_intermediate_size // tp
+    shared = c.shared_expert_intermediate_size // tp
+    mine = _span(rank * inter, inter)
+    if tail in ("gate.weight", "shared_expert_gate.weight"):
+        return "replicate", None
+    if tail in ("shared_expert.gate_proj.weight", "shared_expert.up_proj.weight"):
+        return "rows", _span(rank * shared, shared)
+    if tail == "shared_expert.down_proj.weight":
+        return "cols", _span(rank * shared, shared)
+    if tail in ("experts.gate_proj", "experts.up_proj"):
+        return "expert_rows", mine
+    if tail == "experts.gate_up_proj":
+        return "expert_rows", mine + [c.moe_intermediate_size + i for i in mine]
+    if tail == "experts.down_proj":
+        return "expert_cols", mine
+    m = _PER_EXPERT.match(tail)
+    if m:
+        return ("cols" if m.group(1) == "down" else "rows"), mine
+    raise G906Error(f"tensor mlp.{tail}: no tensor-parallel sharding rule for it",
                     hint="this checkpoint has a tensor the tensor-parallel engine does not know")
 
 
@@ -164,6 +198,8 @@ def take(name: str, t, kind: str, idx: list[int] | None, tp: int):
     """Apply one shard plan to a dense tensor or a QuantizedTensor."""
     if kind == "replicate" or idx is None:
         return t
+    if kind.startswith("expert_"):
+        return _take_experts(name, t, kind, idx, tp)
     if isinstance(t, GroupQuantWeight):
         if kind == "rows":
             return t.select_rows(torch.as_tensor(idx, dtype=torch.long))
@@ -184,10 +220,31 @@ def take(name: str, t, kind: str, idx: list[int] | None, tp: int):
     return t.index_select(dim, torch.as_tensor(idx, dtype=torch.long, device=t.device))
 
 
+def _take_experts(name: str, t, kind: str, idx: list[int], tp: int):
+    """Rows (dim 1) or input features (dim 2) of every expert of a stacked [E, N, K] weight."""
+    if isinstance(t, QuantizedExperts):
+        if kind == "expert_rows":
+            return t.select_rows(torch.as_tensor(idx, dtype=torch.long))
+        return t.select_row_bytes(_block_bytes(name, t.qtype, t.shape[2], idx, tp), len(idx))
+    dim = 1 if kind == "expert_rows" else 2
+    if t.dim() != 3 or max(idx) >= t.shape[dim]:
+        raise G906Error(f"tensor {name} has shape {list(t.shape)}, not the stacked experts [E, N, K] "
+                        "its tensor-parallel share is taken from", hint="the weights do not match the model config")
+    if _contiguous(idx):
+        return t.narrow(dim, idx[0], len(idx))
+    return t.index_select(dim, torch.as_tensor(idx, dtype=torch.long, device=t.device))
+
+
 def _quant_columns(name: str, t: QuantizedTensor, idx: list[int], tp: int) -> QuantizedTensor:
     """Columns (input features) of a quantized row-parallel weight: whole blocks only."""
-    block, nbytes = quant_block_size(t.qtype)
     rows, cols = t.shape
+    data = t.data.index_select(1, _block_bytes(name, t.qtype, cols, idx, tp).to(t.data.device))
+    return QuantizedTensor(data, t.qtype, (rows, len(idx)))
+
+
+def _block_bytes(name: str, qtype: str, cols: int, idx: list[int], tp: int) -> torch.Tensor:
+    """The bytes of a row holding input features idx, which must be whole quant blocks."""
+    block, nbytes = quant_block_size(qtype)
     ok = len(idx) % block == 0 and all(
         idx[i] % block == 0 and idx[i + block - 1] == idx[i] + block - 1 and _contiguous(idx[i:i + block])
         for i in range(0, len(idx), block)
@@ -196,16 +253,14 @@ def _quant_columns(name: str, t: QuantizedTensor, idx: list[int], tp: int) -> Qu
         runs = _runs(idx)
         bad = next((r for r in runs if r[0] % block or (r[1] - r[0]) % block), runs[0])
         raise G906Error(
-            f"tensor {name} ({t.qtype}, {block} values per block) cannot be split across {tp} ranks: "
-            f"a rank's input features {bad[0]}..{bad[1] - 1} of {cols} do not fall on whole {t.qtype} blocks",
+            f"tensor {name} ({qtype}, {block} values per block) cannot be split across {tp} ranks: "
+            f"a rank's input features {bad[0]}..{bad[1] - 1} of {cols} do not fall on whole {qtype} blocks",
             hint=f"each rank's share of this tensor's input features must be whole {block}-value blocks: use "
                  "another tensor_parallel_size, or a GGUF file that stores this tensor in a type with smaller "
                  "blocks",
         )
     blocks = [i // block for i in idx[::block]]
-    byte_idx = torch.as_tensor([b * nbytes + j for b in blocks for j in range(nbytes)], dtype=torch.long)
-    data = t.data.index_select(1, byte_idx.to(t.data.device))
-    return QuantizedTensor(data, t.qtype, (rows, len(idx)))
+    return torch.as_tensor([b * nbytes + j for b in blocks for j in range(nbytes)], dtype=torch.long)
 
 
 def _group_quant_columns(name: str, t: GroupQuantWeight, idx: list[int], tp: int) -> GroupQuantWeight:

@@ -1,0 +1,6 @@
+"""Routed experts of a sparse MoE MLP: the chosen experts' SwiGLU, weighted and summed.
+
+    reference.py  PyTorch reference (dequantizes only the chosen experts)
+    sort.py       token/expert pairs grouped by expert, padded to the GEMM's row tiles
+    kernel.py     Triton: routed GEMV (decode: T <= 16) and grouped GEMM (prefill), gate/up SwiGLU fused
+"""

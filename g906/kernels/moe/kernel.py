@@ -1,0 +1,227 @@
+"""Triton kernels of the routed experts (reference: reference.py).
+
+Decode (T <= GEMV_MAX_TOKENS): a routed GEMV per projection. Program (pair p = t * k + j, tile of
+rows) reads expert topk_ids[p]'s gate and up rows only and writes silu(gate) * up; the down
+projection's program (token t, tile of rows) loops over t's k chosen experts, weighting each
+by its routing weight, so the output needs no reduction pass. The bytes read are the chosen
+experts' blocks: the active bytes, which bound an MoE decode step.
+Prefill and batches: the pairs are grouped by expert (sort.py) and a grouped GEMM runs over tiles
+of one expert's pairs, gate and up in the same tile with their SwiGLU in the epilogue; the down
+GEMM scales its rows by the routing weights and the k rows of a token are summed after.
+
+Weights: dense [E, N, K] (the model's dtype) or GGUF blocks of the fused types (uint8 [E, N,
+row_bytes], decoded 256 elements a step by linear/gguf_decode.py). fp32 accumulation; tl.dot
+has a non-matrix-core lowering (gfx906)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .._triton_util import empty
+from ..linear.gguf_decode import QTYPES, STEP_BYTES, _dequant_step
+from .sort import sort_by_expert
+
+FUSED_QTYPES = tuple(QTYPES)
+GEMV_MAX_TOKENS = 16
+
+
+@triton.jit
+def _rows_dot(w_ptr, row_off, x_ptr, K, QT: tl.constexpr, STEP_B: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_K: tl.constexpr):
+    """[BLOCK_N] dots of the rows starting at w_ptr + row_off (elements, or bytes for GGUF
+    blocks) with the vector x_ptr[0:K]."""
+    if QT < 0:
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            km = kk < K
+            w = tl.load(w_ptr + row_off[:, None] + kk[None, :], mask=km[None, :], other=0.0)
+            xv = tl.load(x_ptr + kk, mask=km, other=0.0)
+            acc += w.to(tl.float32) * xv.to(tl.float32)[None, :]
+        res = tl.sum(acc, axis=1)
+    else:
+        rowp = w_ptr + row_off[:, None, None]
+        res = tl.zeros([BLOCK_N], tl.float32)
+        for st in range(0, K // 256):
+            w0, e0, w1, e1 = _dequant_step(rowp + st * STEP_B, QT)
+            x0 = tl.load(x_ptr + st * 256 + e0).to(tl.float32)
+            x1 = tl.load(x_ptr + st * 256 + e1).to(tl.float32)
+            res += tl.sum(tl.sum(w0 * x0 + w1 * x1, axis=2), axis=1)
+    return res
+
+
+@triton.jit
+def _routed_gate_up_kernel(x_ptr, w_ptr, ids_ptr, h_ptr, I, K, sx, swe, swn, sh,
+                           TOPK: tl.constexpr, QT: tl.constexpr, STEP_B: tl.constexpr,
+                           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    p = tl.program_id(0)
+    nn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = nn < I
+    nc = tl.where(nmask, nn, 0).to(tl.int64)          # rows past I read row 0
+    e = tl.load(ids_ptr + p).to(tl.int64)
+    xp = x_ptr + (p // TOPK).to(tl.int64) * sx
+    g = _rows_dot(w_ptr, e * swe + nc * swn, xp, K, QT, STEP_B, BLOCK_N, BLOCK_K)
+    u = _rows_dot(w_ptr, e * swe + (nc + I) * swn, xp, K, QT, STEP_B, BLOCK_N, BLOCK_K)
+    h = g / (1.0 + tl.exp(-g)) * u
+    tl.store(h_ptr + p.to(tl.int64) * sh + nn, h.to(h_ptr.dtype.element_ty), mask=nmask)
+
+
+@triton.jit
+def _routed_down_kernel(h_ptr, w_ptr, ids_ptr, tw_ptr, y_ptr, N, K, sh, swe, swn, sy,
+                        TOPK: tl.constexpr, QT: tl.constexpr, STEP_B: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    t = tl.program_id(0)
+    nn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = nn < N
+    nc = tl.where(nmask, nn, 0).to(tl.int64)
+    acc = tl.zeros([BLOCK_N], tl.float32)
+    for j in range(TOPK):
+        p = t * TOPK + j
+        e = tl.load(ids_ptr + p).to(tl.int64)
+        wt = tl.load(tw_ptr + p).to(tl.float32)
+        acc += wt * _rows_dot(w_ptr, e * swe + nc * swn, h_ptr + p.to(tl.int64) * sh, K, QT, STEP_B,
+                              BLOCK_N, BLOCK_K)
+    tl.store(y_ptr + t.to(tl.int64) * sy + nn, acc.to(y_ptr.dtype.element_ty), mask=nmask)
+
+
+@triton.jit
+def _dot_t(a, b, acc, FP32: tl.constexpr):
+    """acc + a [M, K] @ b [N, K]^T."""
+    if FP32:
+        return acc + tl.dot(a, tl.trans(b), input_precision="ieee")
+    return acc + tl.dot(a, tl.trans(b.to(a.dtype)))
+
+
+@triton.jit
+def _tile_gemm(xrow, xmask, w_ptr, row_off, K, acc, QT: tl.constexpr, STEP_B: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.constexpr):
+    """acc [M, N] + x rows (pointers xrow [M, 1]) @ the weight rows at w_ptr + row_off [N]^T."""
+    if QT < 0:
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + tl.arange(0, BLOCK_K)
+            km = kk < K
+            a = tl.load(xrow + kk[None, :], mask=xmask & km[None, :], other=0.0)
+            b = tl.load(w_ptr + row_off[:, None] + kk[None, :], mask=km[None, :], other=0.0)
+            acc = _dot_t(a, b, acc, FP32)
+    else:
+        rowp = w_ptr + row_off[:, None, None]
+        for st in range(0, K // 256):
+            w0, e0, w1, e1 = _dequant_step(rowp + st * STEP_B, QT)
+            kb = st * 256
+            a0 = tl.load(xrow + kb + tl.reshape(e0, (1, 128)), mask=xmask, other=0.0)
+            a1 = tl.load(xrow + kb + tl.reshape(e1, (1, 128)), mask=xmask, other=0.0)
+            acc = _dot_t(a0, tl.reshape(w0, (BLOCK_N, 128)), acc, FP32)
+            acc = _dot_t(a1, tl.reshape(w1, (BLOCK_N, 128)), acc, FP32)
+    return acc
+
+
+@triton.jit(do_not_specialize=["num_pairs"])
+def _grouped_gate_up_kernel(x_ptr, w_ptr, pairs_ptr, tile_e_ptr, h_ptr, num_pairs, I, K, sx, swe, swn, sh,
+                            TOPK: tl.constexpr, QT: tl.constexpr, STEP_B: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            FP32: tl.constexpr):
+    pm = tl.program_id(0)
+    e = tl.load(tile_e_ptr + pm).to(tl.int64)
+    if e < 0:        # a tile the routing left unused (sort.py sizes for the most tiles)
+        return
+    rows = tl.load(pairs_ptr + pm * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = rows < num_pairs
+    rc = tl.where(valid, rows, 0).to(tl.int64)
+    xrow = x_ptr + (rc // TOPK)[:, None] * sx
+    nn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = nn < I
+    nc = tl.where(nmask, nn, 0).to(tl.int64)
+    g = _tile_gemm(xrow, valid[:, None], w_ptr, e * swe + nc * swn, K,
+                   tl.zeros([BLOCK_M, BLOCK_N], tl.float32), QT, STEP_B, BLOCK_N, BLOCK_K, FP32)
+    u = _tile_gemm(xrow, valid[:, None], w_ptr, e * swe + (nc + I) * swn, K,
+                   tl.zeros([BLOCK_M, BLOCK_N], tl.float32), QT, STEP_B, BLOCK_N, BLOCK_K, FP32)
+    h = g / (1.0 + tl.exp(-g)) * u
+    tl.store(h_ptr + rc[:, None] * sh + nn[None, :], h.to(h_ptr.dtype.element_ty),
+             mask=valid[:, None] & nmask[None, :])
+
+
+@triton.jit(do_not_specialize=["num_pairs"])
+def _grouped_down_kernel(h_ptr, w_ptr, pairs_ptr, tile_e_ptr, tw_ptr, out_ptr, num_pairs, N, K, sh, swe, swn,
+                         so, QT: tl.constexpr, STEP_B: tl.constexpr, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.constexpr):
+    pm = tl.program_id(0)
+    e = tl.load(tile_e_ptr + pm).to(tl.int64)
+    if e < 0:
+        return
+    rows = tl.load(pairs_ptr + pm * BLOCK_M + tl.arange(0, BLOCK_M))
+    valid = rows < num_pairs
+    rc = tl.where(valid, rows, 0).to(tl.int64)
+    nn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = nn < N
+    nc = tl.where(nmask, nn, 0).to(tl.int64)
+    acc = _tile_gemm(h_ptr + rc[:, None] * sh, valid[:, None], w_ptr, e * swe + nc * swn, K,
+                     tl.zeros([BLOCK_M, BLOCK_N], tl.float32), QT, STEP_B, BLOCK_N, BLOCK_K, FP32)
+    wt = tl.load(tw_ptr + rc, mask=valid, other=0.0).to(tl.float32)
+    tl.store(out_ptr + rc[:, None] * so + nn[None, :], acc * wt[:, None],
+             mask=valid[:, None] & nmask[None, :])
+
+
+def _weight_args(w):
+    """(tensor, QT, step bytes, expert stride, row stride): dense weights (QT -1) or GGUF blocks."""
+    if isinstance(w, torch.Tensor):
+        return w, -1, 1, w.stride(0), w.stride(1)
+    d = w.data
+    return d, QTYPES[w.qtype], STEP_BYTES[w.qtype], d.stride(0), d.stride(1)
+
+
+def supports(x, w_gate_up, w_down, topk_ids, topk_weights) -> bool:
+    """The calls these kernels take: x [T, H] fp16/fp32 rows contiguous; each weight dense of
+    x's dtype (contiguous) or GGUF blocks of a fused type whose rows are whole 256-element steps."""
+    if x.dim() != 2 or x.dtype not in (torch.float16, torch.float32) or not x.is_contiguous():
+        return False
+    for w in (w_gate_up, w_down):
+        if isinstance(w, torch.Tensor):
+            if w.dtype != x.dtype or not w.is_contiguous():
+                return False
+        elif getattr(w, "qtype", None) not in FUSED_QTYPES or w.shape[2] % 256 or not w.data.is_contiguous():
+            return False
+    return True
+
+
+def moe_experts(x, w_gate_up, w_down, topk_ids, topk_weights, **cfg):
+    T, H = x.shape
+    k = topk_ids.shape[1]
+    E, two_i, _ = w_gate_up.shape
+    inter = two_i // 2
+    y = empty((T, H), x.dtype, x.device)
+    if T == 0:
+        return y
+    ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
+    tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    wg, qg, sbg, seg, sng = _weight_args(w_gate_up)
+    wd, qd, sbd, sed, snd = _weight_args(w_down)
+    h = empty((T * k, inter), x.dtype, x.device)
+    if T <= GEMV_MAX_TOKENS:
+        bn = cfg.get("BLOCK_N", 16)
+        bk = cfg.get("BLOCK_K", 128)
+        warps = cfg.get("num_warps", 4)
+        _routed_gate_up_kernel[(T * k, triton.cdiv(inter, bn))](
+            x, wg, ids, h, inter, H, x.stride(0), seg, sng, h.stride(0),
+            TOPK=k, QT=qg, STEP_B=sbg, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+        _routed_down_kernel[(T, triton.cdiv(H, bn))](
+            h, wd, ids, tw, y, H, inter, h.stride(0), sed, snd, y.stride(0),
+            TOPK=k, QT=qd, STEP_B=sbd, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
+        return y
+    gpu = x.device.type == "cuda"
+    bm = cfg.get("BLOCK_M", 32 if gpu else 16)
+    bn = cfg.get("BLOCK_N", 64 if gpu else 16)
+    bk = cfg.get("BLOCK_K", 32)
+    warps = cfg.get("num_warps", 4)
+    pairs, tile_e = sort_by_expert(topk_ids, E, bm)
+    n_tiles = tile_e.numel()
+    fp32 = x.dtype == torch.float32
+    _grouped_gate_up_kernel[(n_tiles, triton.cdiv(inter, bn))](
+        x, wg, pairs, tile_e, h, T * k, inter, H, x.stride(0), seg, sng, h.stride(0),
+        TOPK=k, QT=qg, STEP_B=sbg, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, FP32=fp32, num_warps=warps)
+    out = empty((T * k, H), torch.float32, x.device)
+    _grouped_down_kernel[(n_tiles, triton.cdiv(H, bn))](
+        h, wd, pairs, tile_e, tw, out, T * k, H, inter, h.stride(0), sed, snd, out.stride(0),
+        QT=qd, STEP_B=sbd, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, FP32=fp32, num_warps=warps)
+    return out.view(T, k, H).sum(dim=1).to(x.dtype)
