@@ -1,9 +1,9 @@
-"""The Starlette app: OpenAI-compatible routes over the async engine.
+"""The Starlette app: OpenAI-compatible routes (and Anthropic's Messages API) over the async engine.
 
     state = ServerState(served_model_name="tiny", ...)
     app = create_app(state)          # /health answers 503 until state.set_ready(engine, ...)
 
-Every error leaves in OpenAI's JSON shape (errors.py). Streams are server-sent events ending in
+Every error leaves in OpenAI's JSON shape (errors.py), Anthropic's on /v1/messages. Streams are server-sent events ending in
 `data: [DONE]` (sse.py); a client that disconnects (from a stream or while waiting for a
 non-stream answer) aborts its request at once (disconnect.py)."""
 
@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from g906.server import docs_routes, info_routes, tokenize_routes
+from g906.server import anthropic_messages, docs_routes, info_routes, tokenize_routes
 from g906.server.chat_completions import chat_completions
 from g906.server.completions import completions
 from g906.server.errors import EXCEPTION_HANDLERS
@@ -27,6 +27,8 @@ def create_app(state: ServerState) -> Starlette:
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/messages", anthropic_messages.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", anthropic_messages.count_tokens, methods=["POST"]),
         Route("/v1/models", info_routes.list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", info_routes.get_model, methods=["GET"]),
         Route("/health", info_routes.health, methods=["GET"]),

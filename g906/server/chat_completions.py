@@ -37,11 +37,33 @@ async def chat_completions(request: Request) -> Response:
                              full=chat_full(asm, streams, eng, logprobs=req.logprobs))
 
 
-async def generation_request(st: ServerState, req: P.ChatCompletionRequest) -> GenerationRequest:
+async def generation_request(st: ServerState, req: P.ChatCompletionRequest, *,
+                             id_prefix: str = "chatcmpl", fit_max_tokens: bool = False) -> GenerationRequest:
+    """The internal request of a chat request (other dialects translate theirs into one first).
+    fit_max_tokens: a max_tokens beyond the context's room is cut to it instead of a 400 (Anthropic
+    clients send their own model's large limit, whatever the served context)."""
     tools = openai_tools(req.tools)
     tool_choice = openai_tool_choice(req.tool_choice, tools)
     parallel = req.parallel_tool_calls is not False
     constraint, source = openai_constraint(req)
+    prompt_text, ids, mm = await chat_prompt(st, req)
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    constraint = chat_constraint(st, constraint, source, tools=tools, tool_choice=tool_choice, parallel=parallel,
+                                 prompt_text=prompt_text)
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    if fit_max_tokens and max_tokens is not None and len(ids) < st.max_model_len:
+        max_tokens = min(max_tokens, st.max_model_len - len(ids))
+    params = openai_sampling_params(req, max_tokens=max_tokens,
+                                    prompt_len=len(ids), max_model_len=st.max_model_len, logprobs=logprobs,
+                                    prompt_param="messages", structured=constraint)
+    return GenerationRequest(request_id=P.new_id(id_prefix), model=st.served_model_name,
+                             prompts=[Prompt(ids=ids, text=prompt_text, mm=mm)], params=[params], n=req.n,
+                             tools=tools, tool_choice=tool_choice,
+                             parallel_tool_calls=parallel)
+
+
+async def chat_prompt(st: ServerState, req: P.ChatCompletionRequest) -> tuple[str, list[int], object]:
+    """(the rendered prompt, its token ids with image placeholders expanded, its prepared images)."""
     images: list[str] = []
     messages = template_messages(req, images)
     check_prompt_bytes(st, _text_bytes(messages), param="messages")
@@ -66,16 +88,7 @@ async def generation_request(st: ServerState, req: P.ChatCompletionRequest) -> G
             ids, mm = await prepare_chat_images(getattr(st.engine.engine, "vision", None), ids, images, run=offload)
         except G906Error as exc:
             raise bad_request(exc.message, param="messages", code="invalid_image") from None
-    logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    constraint = chat_constraint(st, constraint, source, tools=tools, tool_choice=tool_choice, parallel=parallel,
-                                 prompt_text=prompt_text)
-    params = openai_sampling_params(req, max_tokens=req.max_completion_tokens or req.max_tokens,
-                                    prompt_len=len(ids), max_model_len=st.max_model_len, logprobs=logprobs,
-                                    prompt_param="messages", structured=constraint)
-    return GenerationRequest(request_id=P.new_id("chatcmpl"), model=st.served_model_name,
-                             prompts=[Prompt(ids=ids, text=prompt_text, mm=mm)], params=[params], n=req.n,
-                             tools=tools, tool_choice=tool_choice,
-                             parallel_tool_calls=parallel)
+    return prompt_text, ids, mm
 
 
 def _text_bytes(messages: list[dict]) -> int:
