@@ -42,10 +42,10 @@ def _event(kind: str, data: dict) -> str:
 
 def stop_reason(c: ChoiceAssembler, stop_sequences: list[str]) -> tuple[str | None, str | None]:
     """(stop_reason, stop_sequence) of a finished choice."""
+    if c.finish_reason == "length":    # even with calls: the last one may be cut off
+        return "max_tokens", None
     if c.tool_calls:
         return "tool_use", None
-    if c.finish_reason == "length":
-        return "max_tokens", None
     if isinstance(c.stop_reason, str) and c.stop_reason in stop_sequences:
         return "stop_sequence", c.stop_reason
     if c.finish_reason is None:

@@ -14,7 +14,7 @@ from g906.server.anthropic_protocol import CountTokensRequest, MessagesRequest, 
 from g906.server.assembler import ResponseAssembler
 from g906.server.chat_completions import chat_prompt, generation_request
 from g906.server.disconnect import race_disconnect
-from g906.server.errors import APIError
+from g906.server.errors import APIError, ClientGone, internal_error
 from g906.server.generation import start
 from g906.server.intake import ignored_fields_header, parse_request, report_ignored
 from g906.server.sse import SSEResponse
@@ -30,6 +30,10 @@ def _anthropic_errors(handler):
             if exc.status >= 500 or exc.status in (401, 413):
                 state_of(request).metrics.http_errors.labels(str(exc.status)).inc()
             return error_response(exc)
+        except ClientGone:
+            raise
+        except Exception as exc:  # noqa: BLE001 - logged and counted by internal_error; the shape is Anthropic's
+            return error_response(internal_error(request, exc))
     route.__name__ = handler.__name__
     route.__doc__ = handler.__doc__
     return route

@@ -84,17 +84,22 @@ async def client_gone_response(request: Request, exc: ClientGone) -> Response:
     return Response(status_code=499)     # nginx's "client closed request"; nobody receives it
 
 
-async def internal_error_response(request: Request, exc: Exception) -> Response:
+def internal_error(request: Request, exc: Exception) -> APIError:
+    """The API error an unexpected exception answers with (logged and counted here)."""
     from g906.engine.async_engine import EngineDead
 
     metrics = state_of(request).metrics
     if isinstance(exc, EngineDead):   # the engine stopped under a running request: unavailable, not a bug here
         log.error("engine unavailable on %s %s: %s", request.method, request.url.path, exc)
         metrics.http_errors.labels("503").inc()
-        return APIError(503, str(exc), code="engine_unavailable").response()
+        return APIError(503, str(exc), code="engine_unavailable")
     log.error("internal error on %s %s", request.method, request.url.path, exc_info=exc)
     metrics.http_errors.labels("500").inc()
-    return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error").response()
+    return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")
+
+
+async def internal_error_response(request: Request, exc: Exception) -> Response:
+    return internal_error(request, exc).response()
 
 
 EXCEPTION_HANDLERS = {

@@ -30,9 +30,11 @@ def _errors(*statuses: int) -> dict:
 def openapi_document(auth: bool = True) -> dict:
     """auth: whether the server asks for an API key (the document declares bearer auth only then)."""
     from g906.server import tokenize_routes
+    from g906.server.anthropic_protocol import CountTokensRequest, MessagesRequest
 
     models = [(P.ChatCompletionRequest, "validation"), (P.CompletionRequest, "validation"),
-              *tokenize_routes.OPENAPI_MODELS]
+              *tokenize_routes.OPENAPI_MODELS,
+              (MessagesRequest, "validation"), (CountTokensRequest, "validation")]
     models += [(m, "serialization") for m in (
         P.ChatCompletionResponse, P.ChatCompletionChunk, P.CompletionResponse, P.ModelList, P.ModelCard,
         P.ErrorResponse, P.VersionInfo, P.HealthInfo)]
@@ -63,6 +65,17 @@ def openapi_document(auth: bool = True) -> dict:
             op_["security"] = security
         return {"get": op_}
 
+    def anthropic(op, summary, req, answer):
+        # Anthropic's shapes are written by anthropic_answers.py, not by pydantic models
+        err = {"description": "Anthropic's error shape: {\"type\": \"error\", \"error\": {\"type\", \"message\"}}",
+               "content": {"application/json": {"schema": {"type": "object"}}}}
+        return {"post": {
+            "operationId": op, "summary": summary, **({"security": security} if auth else {}),
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(req)}}},
+            "responses": {"200": {"description": answer, "content": {"application/json": {"schema": {"type": "object"}},
+                                                                     "text/event-stream": {"schema": {"type": "string"}}}},
+                          **{str(st): err for st in (400, *((401,) if auth else ()), 408, 413, 503)}}}}
+
     paths = {
         "/v1/chat/completions": post("createChatCompletion", "Chat completion", "ChatCompletionRequest",
                                      "ChatCompletionResponse", "ChatCompletionChunk"),
@@ -82,6 +95,11 @@ def openapi_document(auth: bool = True) -> dict:
         "/version": get("version", "Server version", "VersionInfo"),
         "/ping": get("ping", "The same answer as /health", "HealthInfo", errors=(503,)),
         **tokenize_routes.openapi_paths(_ref, _errors),
+        "/v1/messages": anthropic("createMessage", "Anthropic Messages API: a message", "MessagesRequest",
+                                  "A message object, or (stream=true) Anthropic's server-sent events "
+                                  "(message_start ... message_stop)."),
+        "/v1/messages/count_tokens": anthropic("countMessageTokens", "Anthropic Messages API: the prompt's tokens",
+                                               "CountTokensRequest", "{\"input_tokens\": N}"),
     }
     if not auth:  # routes described elsewhere (tokenize_routes) state their auth unconditionally
         for ops in paths.values():
