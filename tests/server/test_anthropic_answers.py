@@ -154,3 +154,10 @@ def test_request_translation():
     assert msgs[2]["tool_calls"][0]["function"] == {"name": "f", "arguments": {"a": 1}}
     assert msgs[3] == {"role": "tool", "tool_call_id": "t1", "content": "Error: boom"}
     assert msgs[4]["role"] == "user" and msgs[4]["content"][0]["text"] == "next"
+
+
+def test_a_call_cut_off_by_max_tokens_stops_for_max_tokens():
+    text = call("get_weather", ("city", "Paris")) + "\n" + call("get_weather", ("city", "Os"), close=False)
+    full, events, snap = run([text[:40], text[40:]], prompt="<|im_start|>assistant\n", tools=True, finish="length")
+    assert full["stop_reason"] == "max_tokens" and snap.stop_reason == "max_tokens"
+    assert any(b["type"] == "tool_use" for b in full["content"])

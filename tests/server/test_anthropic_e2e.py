@@ -134,6 +134,10 @@ def test_same_conversation_same_prompt_tokens_in_both_dialects(aserver, aclient)
     assert n.input_tokens == r.usage.prompt_tokens
     m = aclient.messages.create(model="tiny", system=system, messages=convo, tools=tools, max_tokens=1)
     assert m.usage.input_tokens + (m.usage.cache_read_input_tokens or 0) == r.usage.prompt_tokens
+    # the same prompt again: the prefix cache supplies most of it, and usage says so
+    again = aclient.messages.create(model="tiny", system=system, messages=convo, tools=tools, max_tokens=1)
+    assert again.usage.cache_read_input_tokens > 0
+    assert again.usage.input_tokens + again.usage.cache_read_input_tokens == r.usage.prompt_tokens
 
 
 BAD = [
