@@ -38,7 +38,7 @@ class MessagesRequest(CountTokensRequest):
 
 
 def _text_blocks(blocks: Any, where: str) -> str:
-    """A list of text blocks (system, tool_result content) as one text."""
+    """The system prompt's text blocks as one text."""
     if isinstance(blocks, str):
         return blocks
     if not isinstance(blocks, list):
@@ -50,7 +50,7 @@ def _text_blocks(blocks: Any, where: str) -> str:
             raise bad_request(f"{where}.{j}: only text blocks ({{\"type\": \"text\", \"text\": ...}}) are supported "
                               f"here, not {kind!r}", param=f"{where}.{j}")
         out.append(b["text"])
-    return "\n".join(out) if where.endswith("system") else "".join(out)
+    return "\n".join(out)
 
 
 def _image_part(b: dict, where: str) -> dict:
@@ -71,6 +71,29 @@ def _image_part(b: dict, where: str) -> dict:
     return {"type": "image_url", "image_url": {"url": url}}
 
 
+def _tool_result(content: Any, is_error: bool, where: str) -> str | list[dict]:
+    """A tool result's content (a string, or text and image blocks) as a tool message's content;
+    an error is marked in the text, the template having no error flag."""
+    mark = "Error: " if is_error else ""
+    if isinstance(content, str):
+        return mark + content
+    if not isinstance(content, list):
+        raise bad_request(f"{where} must be a string or a list of text and image blocks", param=where)
+    parts: list[dict] = [{"type": "text", "text": mark}] if mark else []
+    for j, b in enumerate(content):
+        kind = b.get("type") if isinstance(b, dict) else None
+        if kind == "text" and isinstance(b.get("text"), str):
+            parts.append({"type": "text", "text": b["text"]})
+        elif kind == "image":
+            parts.append(_image_part(b, f"{where}.{j}"))
+        else:
+            raise bad_request(f"{where}.{j}: a tool result's blocks are text or image, not "
+                              f"{kind if kind is not None else type(b).__name__!r}", param=f"{where}.{j}")
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts
+
+
 def _user_turn(content: list, where: str) -> list[dict]:
     """A user turn's blocks: its tool results as tool messages (first, as the template expects
     them after the assistant's calls), then its text and images as one user message."""
@@ -87,10 +110,8 @@ def _user_turn(content: list, where: str) -> list[dict]:
             if not isinstance(b.get("tool_use_id"), str):
                 raise bad_request(f"{w}.tool_use_id is missing (the id of the tool_use it answers)",
                                   param=f"{w}.tool_use_id")
-            text = _text_blocks(b.get("content", ""), f"{w}.content")
-            if b.get("is_error") is True:
-                text = f"Error: {text}"   # the template has no error flag: the model reads it in the text
-            tools_out.append({"role": "tool", "tool_call_id": b["tool_use_id"], "content": text})
+            tools_out.append({"role": "tool", "tool_call_id": b["tool_use_id"],
+                              "content": _tool_result(b.get("content", ""), b.get("is_error") is True, f"{w}.content")})
         else:
             raise bad_request(f"{w}: a user turn's blocks are text, image or tool_result, not "
                               f"{kind if kind is not None else type(b).__name__!r}", param=f"{w}.type")

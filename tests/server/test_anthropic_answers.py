@@ -156,6 +156,29 @@ def test_request_translation():
     assert msgs[4]["role"] == "user" and msgs[4]["content"][0]["text"] == "next"
 
 
+def test_tool_result_blocks_and_bad_blocks():
+    def chat(content, role="user"):
+        return to_chat_request(MessagesRequest.model_validate(
+            {"max_tokens": 1, "messages": [{"role": role, "content": content}]}))
+
+    img = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
+    m = chat([{"type": "tool_result", "tool_use_id": "t", "is_error": True,
+               "content": [{"type": "text", "text": "see"}, img]}]).messages[0]
+    assert m.role == "tool" and [p.model_dump() for p in m.content] == [
+        {"type": "text", "text": "Error: "}, {"type": "text", "text": "see"},
+        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]
+    for content, role, param in [
+        ([{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "video"}]}], "user", "messages.0.content.0.content.0"),
+        ([{"type": "thinking", "thinking": "x"}], "user", "messages.0.content.0.type"),
+        ([{"type": "image", "source": {"type": "file", "file_id": "f"}}], "user", "messages.0.content.0.source.type"),
+        ([{"type": "tool_use", "id": "a", "name": "f", "input": "x"}], "assistant", "messages.0.content.0"),
+        ([{"type": "tool_result", "content": "x"}], "user", "messages.0.content.0.tool_use_id"),
+    ]:
+        with pytest.raises(APIError) as e:
+            chat(content, role)
+        assert e.value.status == 400 and e.value.param == param, (content, e.value.message)
+
+
 def test_a_call_cut_off_by_max_tokens_stops_for_max_tokens():
     text = call("get_weather", ("city", "Paris")) + "\n" + call("get_weather", ("city", "Os"), close=False)
     full, events, snap = run([text[:40], text[40:]], prompt="<|im_start|>assistant\n", tools=True, finish="length")
