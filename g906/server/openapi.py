@@ -72,8 +72,9 @@ def openapi_document(auth: bool = True) -> dict:
         return {"post": {
             "operationId": op, "summary": summary, **({"security": security} if auth else {}),
             "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(req)}}},
-            "responses": {"200": {"description": answer, "content": {"application/json": {"schema": {"type": "object"}},
-                                                                     "text/event-stream": {"schema": {"type": "string"}}}},
+            "responses": {"200": {"description": answer,
+                                  "content": {"application/json": {"schema": {"type": "object"}},
+                                              "text/event-stream": {"schema": {"type": "string"}}}},
                           **{str(st): err for st in (400, *((401,) if auth else ()), 408, 413, 503)}}}}
 
     paths = {

@@ -168,7 +168,8 @@ def test_tool_result_blocks_and_bad_blocks():
         {"type": "text", "text": "Error: "}, {"type": "text", "text": "see"},
         {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]
     for content, role, param in [
-        ([{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "video"}]}], "user", "messages.0.content.0.content.0"),
+        ([{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "video"}]}], "user",
+         "messages.0.content.0.content.0"),
         ([{"type": "thinking", "thinking": "x"}], "user", "messages.0.content.0.type"),
         ([{"type": "image", "source": {"type": "file", "file_id": "f"}}], "user", "messages.0.content.0.source.type"),
         ([{"type": "tool_use", "id": "a", "name": "f", "input": "x"}], "assistant", "messages.0.content.0"),

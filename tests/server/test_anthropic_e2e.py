@@ -113,7 +113,8 @@ def _anthropic_agent_conversation() -> tuple[str, list[dict]]:
     return c[0]["content"], [
         {"role": "user", "content": c[1]["content"]},
         {"role": "assistant", "content": [{"type": "thinking", "thinking": c[2]["reasoning_content"], "signature": ""},
-                                          {"type": "text", "text": c[2]["content"]}] + [use(t) for t in c[2]["tool_calls"]]},
+                                          {"type": "text", "text": c[2]["content"]}]
+         + [use(t) for t in c[2]["tool_calls"]]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": c[3]["content"]},
                                      {"type": "tool_result", "tool_use_id": "call_2", "content": c[4]["content"]}]},
         {"role": "assistant", "content": [{"type": "thinking", "thinking": c[5]["reasoning"], "signature": ""},
