@@ -189,3 +189,33 @@ def test_max_tokens_beyond_the_context_is_cut_to_it(aclient):
     assert m.stop_reason in ("max_tokens", "end_turn", "stop_sequence")
     if m.stop_reason == "stop_sequence":
         assert m.stop_sequence == "\n"
+
+
+@pytest.mark.parametrize("thinking,enable", [({"type": "enabled", "budget_tokens": 1024}, True),
+                                             ({"type": "disabled"}, False)])
+def test_thinking_switch_reaches_the_template(aserver, aclient, thinking, enable):
+    n = aclient.messages.count_tokens(model="tiny", messages=USER, thinking=thinking)
+    r = openai_client(aserver).chat.completions.create(model="tiny", messages=USER, max_tokens=1,
+                                                       extra_body={"chat_template_kwargs": {"enable_thinking": enable}})
+    assert n.input_tokens == r.usage.prompt_tokens
+    other = aclient.messages.count_tokens(model="tiny", messages=USER,
+                                          thinking={"type": "disabled" if enable else "enabled", "budget_tokens": 1024})
+    assert other.input_tokens != n.input_tokens
+    raw = httpx.post(aserver.url + "/v1/messages", json={"max_tokens": 1, "messages": USER, "thinking": thinking},
+                     headers={"x-api-key": API_KEY}, timeout=60)
+    assert raw.status_code == 200
+    assert ("thinking.budget_tokens" in raw.headers.get("x-g906-ignored-fields", "")) == enable
+
+
+def test_auth_and_size_errors_in_anthropic_shape(aserver):
+    url = aserver.url + "/v1/messages"
+    r = httpx.post(url, json={"max_tokens": 1, "messages": USER}, headers={"x-api-key": "wrong"}, timeout=60)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    r = httpx.post(url, json={"max_tokens": 1, "messages": USER}, timeout=60)
+    assert r.status_code == 401 and r.json()["type"] == "error"
+    big = {"max_tokens": 1, "messages": [{"role": "user", "content": "x" * (2 * 1024 * 1024)}]}
+    r = httpx.post(url, json=big, headers={"x-api-key": API_KEY}, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
+    r = httpx.post(url, content=b"{not json", headers={"x-api-key": API_KEY}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    assert httpx.get(aserver.url + "/health", timeout=10).status_code == 200
