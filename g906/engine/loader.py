@@ -36,7 +36,8 @@ def load_model(
         from g906.engine.parallel import load_model_tp
 
         return load_model_tp(source, tensor_parallel_size=int(tensor_parallel_size), dtype=dtype, device=device,
-                             devices=devices, chat_template=chat_template, progress=progress)
+                             devices=devices, chat_template=chat_template, progress=progress,
+                             max_model_len=max_model_len)
     from g906.engine.models import model_class
 
     dev = torch.device(device) if device is not None else default_device()

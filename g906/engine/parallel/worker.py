@@ -56,7 +56,7 @@ def main() -> int:
         device = torch.device(spec["device"])
         comm = init_distributed(rank, int(spec["size"]), device, spec["store"], float(spec["timeout_s"]))
         model, _src, _cfg, stats = load_rank(spec["source"], comm, dtype=getattr(torch, spec["dtype"]),
-                                             device=device)
+                                             device=device, max_model_len=spec.get("max_model_len"))
         report("loaded", info=stats)
         serve(comm, model)
         report("stopped")
