@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from g906.engine.logit_bias import apply_logit_bias
 from g906.engine.sampling_params import SamplingParams
 
 
@@ -144,7 +145,7 @@ class Sampler:
         params = [r.params for r in rows]
         want_lp = [p.logprobs is not None for p in params]
         raw_lp = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
-        x = self._penalize(logits, rows)
+        x = self._penalize(apply_logit_bias(logits, rows), rows)
         if x is not logits:                                # penalised: the given argmax is stale
             argmax = None
         if argmax is None and any(p.greedy for p in params):
@@ -171,7 +172,7 @@ class Sampler:
                 ids = torch.where(greedy, argmax, sampled)
         lp = None
         if raw_lp is not None:
-            kmax = max(p.logprobs or 0 for p in params)
+            kmax = raw_lp.shape[1] if any(p.logprobs == -1 for p in params) else max(p.logprobs or 0 for p in params)
             chosen = raw_lp.gather(1, ids[:, None])[:, 0]
             ranks = (raw_lp > chosen[:, None]).sum(dim=-1) + 1
             top_v, top_i = raw_lp.topk(kmax, dim=-1) if kmax > 0 else (None, None)
@@ -220,7 +221,7 @@ class PendingSample:
             for i, p in enumerate(self.params):
                 if p.logprobs is None:
                     continue
-                k = p.logprobs
+                k = p.logprobs if p.logprobs >= 0 else len(top_i[i])   # -1: the whole vocabulary
                 top = list(zip(top_i[i][:k], top_v[i][:k])) if k > 0 else []
                 out_lp[i] = TokenLogprobs(token_ids[i], chosen_l[i], int(ranks_l[i]), top)
         self._result = (token_ids, out_lp)

@@ -28,8 +28,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
-    logprobs: int | None = None        # number of top logprobs per step (0: only the sampled token's)
+    logprobs: int | None = None        # number of top logprobs per step (0: only the sampled token's; -1: all)
     skip_special_tokens: bool = True
+    logit_bias: dict[int, float] | None = None   # token id -> added to its logit (g906/engine/logit_bias.py)
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -71,10 +72,15 @@ class SamplingParams:
             raise bad("min_tokens", f"must be non-negative, got {self.min_tokens}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise bad("min_tokens", f"({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise bad("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.logprobs is not None and not -1 <= self.logprobs <= MAX_LOGPROBS:
+            raise bad("logprobs", f"must be -1 (the whole vocabulary) or in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
             raise bad("seed", "must fit in 64 bits")
+        for t, b in (self.logit_bias or {}).items():
+            if not isinstance(t, int) or t < 0:
+                raise bad("logit_bias", f"keys must be non-negative token ids, got {t!r}")
+            if not -100.0 <= b <= 100.0:
+                raise bad("logit_bias", f"values must be in [-100, 100], got {b} for token {t}")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise bad("stop", "entries must be non-empty strings")

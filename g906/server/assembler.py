@@ -38,6 +38,8 @@ class ChoiceAssembler:
     reasoning_parser: Any = None
     text: str = ""
     num_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    reasoning_tokens: int = 0        # tokens generated while the reasoning was open
     # (text offset, TokenLogprobs) per step: a step's offset is exact even where one token's own
     # text differs from what it added (a partial UTF-8 character, a stop string cut off)
     logprob_runs: list[tuple[int, list]] = field(default_factory=list)
@@ -51,12 +53,16 @@ class ChoiceAssembler:
         offset = len(self.prefix) + len(self.text)
         self.text += out.new_text
         self.num_tokens += len(out.new_token_ids)
+        self.token_ids.extend(out.new_token_ids)
+        in_reasoning = getattr(self.reasoning_parser, "state", None) == "reasoning"
         if out.new_logprobs:
             self.logprob_runs.append((offset, list(out.new_logprobs)))
         reasoning, content = "", out.new_text
         p = self.reasoning_parser
         if p is not None:
             reasoning, content = p.feed(out.new_text)
+            if in_reasoning or reasoning:
+                self.reasoning_tokens += len(out.new_token_ids)
             if out.finished:
                 r2, c2 = self._flush()
                 reasoning, content = reasoning + r2, content + c2
@@ -111,3 +117,10 @@ class ResponseAssembler:
     @property
     def completion_tokens(self) -> int:
         return sum(c.num_tokens for c in self.choices)
+
+    @property
+    def reasoning_tokens(self) -> int | None:
+        """Tokens generated inside the reasoning (None without a reasoning parser)."""
+        if all(c.reasoning_parser is None for c in self.choices):
+            return None
+        return sum(c.reasoning_tokens for c in self.choices)

@@ -14,19 +14,21 @@ from g906.server.generation import GenerationRequest, Prompt, openai_sampling_pa
 from g906.server.intake import parse_request
 from g906.server.openai_answers import chat_full, chat_stream, send_answer
 from g906.server.state import ServerState, state_of
+from g906.server import vllm_extras as X
 
 
 async def chat_completions(request: Request) -> Response:
     st = state_of(request)
     req, ignored = await parse_request(request, st, P.ChatCompletionRequest)
     assert isinstance(req, P.ChatCompletionRequest)
+    X.check_stream_fields(req)
     greq = await generation_request(st, req)
     asm = ResponseAssembler(greq, reasoning_parser=st.reasoning_parser, architecture=st.architecture)
     streams = start(st, greq)
     eng = st.engine.engine
     if req.stream:
-        opts = req.stream_options or P.StreamOptions()
-        return await send_answer(request, asm, streams, ignored, events=chat_stream(asm, streams, eng, opts))
+        return await send_answer(request, asm, streams, ignored,
+                                 events=chat_stream(asm, streams, eng, X.stream_options(req)))
     return await send_answer(request, asm, streams, ignored,
                              full=chat_full(asm, streams, eng, logprobs=req.logprobs))
 
@@ -48,6 +50,7 @@ async def generation_request(st: ServerState, req: P.ChatCompletionRequest) -> G
         raise bad_request(f"chat_template_kwargs: {exc}", param="chat_template_kwargs") from None
     if not ids:
         raise bad_request("the rendered prompt is empty", param="messages")
+    ids = X.truncate_prompt(ids, req, st.max_model_len)
     mm = None
     if images:  # fetched, checked against the limits, resized; placeholders expanded (400 on failure)
         from g906.engine.vision.glue import prepare_chat_images
@@ -59,9 +62,11 @@ async def generation_request(st: ServerState, req: P.ChatCompletionRequest) -> G
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = openai_sampling_params(req, max_tokens=req.max_completion_tokens or req.max_tokens,
                                     prompt_len=len(ids), max_model_len=st.max_model_len, logprobs=logprobs,
-                                    prompt_param="messages")
+                                    prompt_param="messages",
+                                    logit_bias=X.logit_bias(req, st.engine.engine.model_config.vocab_size))
     return GenerationRequest(request_id=P.new_id("chatcmpl"), model=st.served_model_name,
-                             prompts=[Prompt(ids=ids, text=prompt_text, mm=mm)], params=[params], n=req.n)
+                             prompts=[Prompt(ids=ids, text=prompt_text, mm=mm)], params=[params], n=req.n,
+                             options=X.answer_options(req))
 
 
 def template_messages(req: P.ChatCompletionRequest, images: list[str] | None = None) -> list[dict]:

@@ -67,7 +67,8 @@ ContentPart = Union[TextPart, OtherPart]
 
 
 class ChatMessage(_Req):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # any role, as vLLM accepts (custom roles reach the chat template, which decides)
+    role: str = Field(min_length=1)
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
@@ -87,7 +88,7 @@ class _SamplingFields(_Req):
     top_k: int | None = Field(None, ge=-1, description="-1 or 0: disabled.")
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     n: int = Field(1, ge=1, le=MAX_N)
-    seed: int | None = Field(None, ge=-(2**63), lt=2**64)
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63, description="A signed 64-bit integer (as vLLM).")
     stop: str | list[str] | None = Field(None, description="Up to 16 strings; generation ends before the first.")
     stop_token_ids: list[int] | None = Field(None, max_length=64)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -99,6 +100,12 @@ class _SamplingFields(_Req):
     skip_special_tokens: bool = True
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # vLLM's extensions (g906/server/vllm_extras.py)
+    logit_bias: dict[str, float] | None = Field(None, description="Token id (string) -> bias, clamped to [-100, 100].")
+    return_token_ids: bool = Field(False, description="Choices carry token_ids; prompt_token_ids too.")
+    return_tokens_as_token_ids: bool = Field(False, description="Logprob tokens as \"token_id:<id>\".")
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, description="Keep this many prompt tokens (-1: the context).")
+    truncation_side: Literal["left", "right"] | None = Field(None, description="Which end truncation cuts (left).")
 
     @field_validator("stop")
     @classmethod
@@ -125,13 +132,14 @@ class ChatCompletionRequest(_SamplingFields):
     max_tokens: int | None = Field(None, ge=1, description="Deprecated name of max_completion_tokens.")
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: int | None = Field(None, ge=-1, le=MAX_LOGPROBS, description="-1: the whole vocabulary.")
     tools: list[dict[str, Any]] | None = Field(None, description="Passed to the chat template.")
     response_format: ResponseFormat | None = None
     chat_template_kwargs: dict[str, Any] | None = Field(
         None, description="Extra chat template variables, e.g. {\"enable_thinking\": false}."
     )
     add_generation_prompt: bool = True
+    include_reasoning: bool = Field(True, description="false: the answer carries no reasoning.")
 
 
 class CompletionRequest(_SamplingFields):
@@ -139,7 +147,7 @@ class CompletionRequest(_SamplingFields):
         description="Text, a list of texts, token ids, or a list of token-id lists."
     )
     max_tokens: int | None = Field(16, ge=1)
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    logprobs: int | None = Field(None, ge=-1, le=MAX_LOGPROBS, description="-1: the whole vocabulary.")
     echo: bool = False
     suffix: str | None = None
 
@@ -169,10 +177,15 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+class CompletionTokensDetails(_Resp):
+    reasoning_tokens: int = 0
+
+
 class Usage(_Resp):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    completion_tokens_details: CompletionTokensDetails | None = None
 
 
 class TopLogprob(_Resp):
@@ -206,6 +219,7 @@ class ChatChoice(_Resp):
     logprobs: ChoiceLogprobs | None = None
     finish_reason: Literal["stop", "length", "abort"] | None
     stop_reason: str | int | None = None
+    token_ids: list[int] | None = None        # return_token_ids
 
 
 class ChatCompletionResponse(_Resp):
@@ -216,6 +230,7 @@ class ChatCompletionResponse(_Resp):
     choices: list[ChatChoice]
     usage: Usage
     system_fingerprint: str | None = None
+    prompt_token_ids: list[int] | None = None  # return_token_ids
 
 
 class DeltaMessage(_Resp):
@@ -231,6 +246,7 @@ class ChatChunkChoice(_Resp):
     logprobs: ChoiceLogprobs | None = None
     finish_reason: Literal["stop", "length", "abort"] | None = None
     stop_reason: str | int | None = None
+    token_ids: list[int] | None = None
 
 
 class ChatCompletionChunk(_Resp):
@@ -241,6 +257,7 @@ class ChatCompletionChunk(_Resp):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 class CompletionLogprobs(_Resp):
@@ -256,6 +273,8 @@ class CompletionChoice(_Resp):
     logprobs: CompletionLogprobs | None = None
     finish_reason: Literal["stop", "length", "abort"] | None
     stop_reason: str | int | None = None
+    prompt_token_ids: list[int] | None = None  # return_token_ids (the choice's prompt)
+    token_ids: list[int] | None = None
 
 
 class CompletionResponse(_Resp):

@@ -1,0 +1,92 @@
+"""vLLM's extensions of the OpenAI API, so that a client written for `vllm serve` works unchanged:
+logit_bias (validated here, applied by the engine's sampler), return_token_ids,
+return_tokens_as_token_ids, truncate_prompt_tokens / truncation_side, include_reasoning, the
+stream_options rules and the reasoning-token count in usage. Field names, shapes and status codes
+are vLLM's (docs/server.md, "vLLM compatibility")."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from g906.server import protocol as P
+from g906.server.errors import bad_request
+
+LOGIT_BIAS_LIMIT = 100.0
+
+
+@dataclass(frozen=True)
+class AnswerOptions:
+    """How a request's answer is rendered beyond the OpenAI basics."""
+
+    return_token_ids: bool = False
+    tokens_as_ids: bool = False          # logprob tokens as "token_id:<id>"
+    include_reasoning: bool = True
+
+
+def answer_options(req: P._SamplingFields) -> AnswerOptions:
+    return AnswerOptions(return_token_ids=req.return_token_ids, tokens_as_ids=req.return_tokens_as_token_ids,
+                         include_reasoning=getattr(req, "include_reasoning", True))
+
+
+def check_stream_fields(req: P._SamplingFields) -> None:
+    """vLLM: stream_options only with stream=true (400 otherwise)."""
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options can only be set when stream is true", param="stream_options")
+
+
+def stream_options(req: P._SamplingFields) -> P.StreamOptions:
+    """The stream's usage rules: continuous_usage_stats counts only with include_usage (vLLM)."""
+    o = req.stream_options or P.StreamOptions()
+    return P.StreamOptions(include_usage=o.include_usage,
+                           continuous_usage_stats=o.include_usage and o.continuous_usage_stats)
+
+
+def logit_bias(req: P._SamplingFields, vocab_size: int) -> dict[int, float] | None:
+    """The request's logit_bias as {token id: bias}: keys must be token ids of this vocabulary
+    (400 naming the first that is not); values are clamped to [-100, 100] as vLLM does (OpenAI
+    documents that range) and must be finite."""
+    if not req.logit_bias:
+        return None
+    out: dict[int, float] = {}
+    for key, bias in req.logit_bias.items():
+        try:
+            tid = int(key)
+        except ValueError:
+            raise bad_request(f"logit_bias: the key {key!r} is not a token id (an integer in a string)",
+                              param="logit_bias") from None
+        if not 0 <= tid < vocab_size:
+            raise bad_request(f"logit_bias: token id {tid} is outside the vocabulary (0..{vocab_size - 1})",
+                              param="logit_bias")
+        if not math.isfinite(bias):
+            raise bad_request(f"logit_bias: the bias of token {tid} is not a finite number", param="logit_bias")
+        out[tid] = max(-LOGIT_BIAS_LIMIT, min(LOGIT_BIAS_LIMIT, float(bias)))
+    return out
+
+
+def truncate_prompt(ids: list[int], req: P._SamplingFields, max_model_len: int) -> list[int]:
+    """truncate_prompt_tokens (vLLM): keep that many prompt tokens (-1: the context length),
+    cutting from the left unless truncation_side is "right"."""
+    k = req.truncate_prompt_tokens
+    if k is None:
+        return ids
+    if k == -1:
+        k = max_model_len
+    if k == 0:
+        raise bad_request("truncate_prompt_tokens must be -1 or at least 1", param="truncate_prompt_tokens")
+    if k > max_model_len:
+        raise bad_request(f"truncate_prompt_tokens ({k}) must not exceed the context length ({max_model_len})",
+                          param="truncate_prompt_tokens")
+    if len(ids) <= k:
+        return ids
+    return ids[:k] if req.truncation_side == "right" else ids[-k:]
+
+
+def token_label(eng, token_id: int, as_ids: bool) -> str:
+    return f"token_id:{token_id}" if as_ids else eng.token_text(token_id)
+
+
+def usage(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None) -> P.Usage:
+    details = None if reasoning_tokens is None else P.CompletionTokensDetails(reasoning_tokens=reasoning_tokens)
+    return P.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                   total_tokens=prompt_tokens + completion_tokens, completion_tokens_details=details)

@@ -1,0 +1,198 @@
+"""vLLM's extensions and rules of the OpenAI API (g906/server/vllm_extras.py), end to end through
+the official openai client against the session's `g906 up` (tests/server/conftest.py)."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from tests.server.conftest import API_KEY
+
+MSG = [{"role": "user", "content": "Tell me a story about a cat."}]
+NOEOS = {"ignore_eos": True}
+VOCAB = 512          # builtin:tiny-qwen35
+
+
+def post(server, path, body):
+    return httpx.post(server.v1 + path, json=body, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120)
+
+
+# -- stream_options --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path,body", [
+    ("/chat/completions", {"messages": MSG}),
+    ("/completions", {"prompt": "hi"}),
+])
+def test_stream_options_without_stream_is_400(server, path, body):
+    r = post(server, path, {**body, "max_tokens": 2, "stream_options": {"include_usage": True}})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "stream_options"
+    r = post(server, path, {**body, "max_tokens": 2, "stream": False})
+    assert r.status_code == 200, r.text
+
+
+def test_continuous_usage_stats_needs_include_usage(client):
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=MSG, max_tokens=4, stream=True, extra_body=NOEOS,
+        stream_options={"include_usage": False, "continuous_usage_stats": True}))
+    assert chunks and all(c.usage is None for c in chunks)
+    chunks = list(client.completions.create(
+        model="tiny", prompt="hello", max_tokens=4, stream=True, extra_body=NOEOS,
+        stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    assert all(c.usage is not None for c in chunks)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
+
+
+# -- validation ------------------------------------------------------------------------------------
+
+def test_seed_is_a_signed_64_bit_integer(server):
+    r = post(server, "/chat/completions", {"messages": MSG, "max_tokens": 1, "seed": 2**63})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "seed", r.text
+    r = post(server, "/completions", {"prompt": "x", "max_tokens": 1, "seed": 2**63 - 1})
+    assert r.status_code == 200, r.text
+    r = post(server, "/completions", {"prompt": "x", "max_tokens": 1, "seed": -(2**63)})
+    assert r.status_code == 200, r.text
+
+
+def test_top_logprobs_minus_one_is_the_whole_vocabulary(client):
+    r = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=2, temperature=0, logprobs=True,
+                                       top_logprobs=-1, extra_body=NOEOS)
+    for t in r.choices[0].logprobs.content:
+        assert len(t.top_logprobs) == VOCAB
+        assert t.top_logprobs[0].logprob == pytest.approx(t.logprob)
+    # as token ids: one key per vocabulary entry (texts of unused ids may coincide)
+    c = client.completions.create(model="tiny", prompt="hello", max_tokens=2, temperature=0, logprobs=-1,
+                                  extra_body={**NOEOS, "return_tokens_as_token_ids": True})
+    assert all(len(d) == VOCAB for d in c.choices[0].logprobs.top_logprobs)
+
+
+def test_custom_message_roles_reach_the_chat_template(server):
+    from g906.server import protocol as P
+
+    body = {"messages": [{"role": "narrator", "content": "Once upon a time"}, *MSG], "max_tokens": 2}
+    assert P.ChatCompletionRequest.model_validate(body).messages[0].role == "narrator"
+    # the protocol accepts any role (as vLLM does); this template refuses unknown ones itself
+    r = post(server, "/chat/completions", body)
+    assert r.status_code == 400, r.text
+    assert "unknown message role: narrator" in r.json()["error"]["message"]
+    r = post(server, "/chat/completions", {"messages": [{"role": "", "content": "x"}], "max_tokens": 2})
+    assert r.status_code == 400, r.text
+
+
+def test_logit_bias_is_applied(client):
+    greedy = client.completions.create(model="tiny", prompt="hello", max_tokens=6, temperature=0,
+                                       extra_body={**NOEOS, "return_token_ids": True})
+    ids = greedy.choices[0].model_extra["token_ids"]
+    # +100 on one token: every greedy step picks it
+    forced = client.completions.create(model="tiny", prompt="hello", max_tokens=6, temperature=0,
+                                       logit_bias={"77": 100}, extra_body={**NOEOS, "return_token_ids": True})
+    assert forced.choices[0].model_extra["token_ids"] == [77] * 6
+    # -100 on each greedy choice: none of them comes first any more; sampled rows too
+    banned = client.completions.create(model="tiny", prompt="hello", max_tokens=6, temperature=0,
+                                       logit_bias={str(ids[0]): -100},
+                                       extra_body={**NOEOS, "return_token_ids": True})
+    assert banned.choices[0].model_extra["token_ids"][0] != ids[0]
+    sampled = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=8, temperature=1.0, seed=3,
+                                             logit_bias={"200": 100.0, "201": 250},  # clamped to 100
+                                             extra_body={**NOEOS, "return_token_ids": True})
+    assert set(sampled.choices[0].model_extra["token_ids"]) <= {200, 201}
+
+
+@pytest.mark.parametrize("bias,what", [({"512": 1}, "outside the vocabulary"), ({"-1": 1}, "outside"),
+                                       ({"cat": 1}, "not a token id")])
+def test_logit_bias_keys_are_checked(server, bias, what):
+    for path, body in (("/chat/completions", {"messages": MSG}), ("/completions", {"prompt": "x"})):
+        r = post(server, path, {**body, "max_tokens": 1, "logit_bias": bias})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "logit_bias" and what in err["message"]
+
+
+# -- logprobs: 0, token ids ------------------------------------------------------------------------
+
+def test_completion_logprobs_zero_gives_the_sampled_token(client):
+    c = client.completions.create(model="tiny", prompt="hello", max_tokens=3, temperature=0, logprobs=0,
+                                  extra_body=NOEOS)
+    lp = c.choices[0].logprobs
+    assert [list(d) for d in lp.top_logprobs] == [[t] for t in lp.tokens]
+    assert [d[t] for d, t in zip(lp.top_logprobs, lp.tokens)] == lp.token_logprobs
+
+
+def test_return_token_ids_full_and_streamed(client):
+    kw = dict(model="tiny", max_tokens=5, temperature=0, extra_body={**NOEOS, "return_token_ids": True})
+    full = client.chat.completions.create(messages=MSG, **kw)
+    prompt_ids = full.model_extra["prompt_token_ids"]
+    ids = full.choices[0].model_extra["token_ids"]
+    assert len(prompt_ids) == full.usage.prompt_tokens and len(ids) == 5
+    chunks = list(client.chat.completions.create(messages=MSG, stream=True, **kw))
+    assert chunks[0].model_extra["prompt_token_ids"] == prompt_ids
+    assert [t for c in chunks for ch in c.choices for t in (ch.model_extra.get("token_ids") or [])] == ids
+    # completions: per choice, the choice's own prompt
+    c = client.completions.create(prompt=[[5, 6, 7], [9, 10]], **kw)
+    assert [ch.model_extra["prompt_token_ids"] for ch in c.choices] == [[5, 6, 7], [9, 10]]
+    assert all(len(ch.model_extra["token_ids"]) == 5 for ch in c.choices)
+    chunks = list(client.completions.create(prompt=[5, 6, 7], stream=True, **kw))
+    assert chunks[0].choices[0].model_extra["prompt_token_ids"] == [5, 6, 7]
+    streamed = [t for ch in chunks for c in ch.choices for t in (c.model_extra.get("token_ids") or [])]
+    assert streamed == c.choices[0].model_extra["token_ids"]
+    plain = client.completions.create(model="tiny", prompt="hi", max_tokens=2)
+    assert plain.choices[0].model_extra.get("token_ids") is None
+
+
+def test_return_tokens_as_token_ids(client):
+    body = {**NOEOS, "return_token_ids": True, "return_tokens_as_token_ids": True}
+    c = client.completions.create(model="tiny", prompt="hello", max_tokens=4, temperature=0, logprobs=2,
+                                  extra_body=body)
+    ids = c.choices[0].model_extra["token_ids"]
+    assert c.choices[0].logprobs.tokens == [f"token_id:{t}" for t in ids]
+    assert all(all(k.startswith("token_id:") for k in d) for d in c.choices[0].logprobs.top_logprobs)
+    r = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=3, temperature=0, logprobs=True,
+                                       top_logprobs=1, extra_body=body)
+    assert [t.token for t in r.choices[0].logprobs.content] == \
+        [f"token_id:{t}" for t in r.choices[0].model_extra["token_ids"]]
+
+
+@pytest.mark.parametrize("side,keep", [(None, slice(-4, None)), ("left", slice(-4, None)), ("right", slice(0, 4))])
+def test_truncate_prompt_tokens(client, side, keep):
+    prompt = list(range(20, 30))
+    extra = {**NOEOS, "return_token_ids": True, "truncate_prompt_tokens": 4}
+    if side:
+        extra["truncation_side"] = side
+    c = client.completions.create(model="tiny", prompt=prompt, max_tokens=2, extra_body=extra)
+    assert c.usage.prompt_tokens == 4 and c.choices[0].model_extra["prompt_token_ids"] == prompt[keep]
+    r = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=2, extra_body=extra)
+    assert r.usage.prompt_tokens == 4
+
+
+def test_truncate_prompt_tokens_bounds(server):
+    for k in (0, 10**6, -2):
+        r = post(server, "/completions", {"prompt": "x", "max_tokens": 1, "truncate_prompt_tokens": k})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "truncate_prompt_tokens", r.text
+
+
+# -- reasoning ------------------------------------------------------------------------------------
+
+def test_include_reasoning_false_and_reasoning_tokens(client):
+    # the tiny model's template opens <think>: a short ignore_eos answer is all reasoning
+    full = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=6, temperature=0, extra_body=NOEOS)
+    assert full.model_extra is not None
+    assert full.usage.completion_tokens_details.reasoning_tokens == 6
+    assert full.choices[0].message.model_extra.get("reasoning_content")
+    off = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=6, temperature=0,
+                                         extra_body={**NOEOS, "include_reasoning": False})
+    assert off.choices[0].message.model_extra.get("reasoning_content") is None
+    assert off.usage.completion_tokens_details.reasoning_tokens == 6
+    chunks = list(client.chat.completions.create(model="tiny", messages=MSG, max_tokens=6, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True},
+                                                 extra_body={**NOEOS, "include_reasoning": False}))
+    assert not any(ch.delta.model_extra.get("reasoning_content") for c in chunks for ch in c.choices)
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == 6
+    no_think = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=4, temperature=0,
+                                              extra_body={**NOEOS, "chat_template_kwargs": {"enable_thinking": False}})
+    assert no_think.usage.completion_tokens_details.reasoning_tokens == 0
+
+
+def test_openai_client_still_parses(client):
+    assert isinstance(client.completions.create(model="tiny", prompt="hi", max_tokens=1),
+                      openai.types.Completion)
