@@ -267,12 +267,12 @@ class LLMEngine:
 
     def _pipelinable(self, batch) -> bool:
         """A graph-path decode step whose sequences sample without their output history (no
-        penalties) and will not reach a length limit with this step's token."""
+        penalties, no thinking budget) and will not reach a length limit with this step's token."""
         if not self.runner.can_feed(batch):
             return False
         for s in batch.seqs:
             p = s.params
-            if p.has_penalties or s.num_tokens + 1 >= self.max_model_len:
+            if p.needs_history or s.num_tokens + 1 >= self.max_model_len:
                 return False
             if p.max_tokens is not None and s.num_output_tokens + 1 >= p.max_tokens:
                 return False

@@ -308,7 +308,7 @@ class ModelRunner:
             rows.append(SamplerRow(
                 key=s.seq_id, params=p,
                 prompt_token_ids=s.prompt_token_ids if p.repetition_penalty != 1.0 else None,
-                output_token_ids=s.output_token_ids if p.has_penalties else None,
+                output_token_ids=s.output_token_ids if p.needs_history else None,
             ))
         return PendingStep([batch.seqs[i].seq_id for i in sampling],
                            self.sampler.launch(logits, rows, argmax=greedy))

@@ -18,6 +18,7 @@ import torch
 
 from g906.engine.logit_bias import apply_logit_bias
 from g906.engine.sampling_params import SamplingParams
+from g906.engine.thinking_budget import apply_thinking_budget
 
 
 @dataclass
@@ -145,7 +146,7 @@ class Sampler:
         params = [r.params for r in rows]
         want_lp = [p.logprobs is not None for p in params]
         raw_lp = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
-        x = self._penalize(apply_logit_bias(logits, rows), rows)
+        x = self._penalize(apply_thinking_budget(apply_logit_bias(logits, rows), rows), rows)
         if x is not logits:                                # penalised: the given argmax is stale
             argmax = None
         if argmax is None and any(p.greedy for p in params):

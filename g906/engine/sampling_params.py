@@ -31,6 +31,11 @@ class SamplingParams:
     logprobs: int | None = None        # number of top logprobs per step (0: only the sampled token's; -1: all)
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] | None = None   # token id -> added to its logit (g906/engine/logit_bias.py)
+    # a cap on thinking tokens, then the end tag's ids are forced (g906/engine/thinking_budget.py)
+    thinking_token_budget: int | None = None
+    think_start_ids: tuple[int, ...] = ()
+    think_end_ids: tuple[int, ...] = ()
+    think_open: bool = False             # the prompt left the thinking open
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -76,6 +81,8 @@ class SamplingParams:
             raise bad("logprobs", f"must be -1 (the whole vocabulary) or in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
             raise bad("seed", "must fit in 64 bits")
+        if self.thinking_token_budget is not None and self.thinking_token_budget < 0:
+            raise bad("thinking_token_budget", f"must be non-negative, got {self.thinking_token_budget}")
         for t, b in (self.logit_bias or {}).items():
             if not isinstance(t, int) or t < 0:
                 raise bad("logit_bias", f"keys must be non-negative token ids, got {t!r}")
@@ -97,6 +104,11 @@ class SamplingParams:
         return (
             self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
         )
+
+    @property
+    def needs_history(self) -> bool:
+        """Whether sampling reads the request's output tokens (so a step waits for the last one)."""
+        return self.has_penalties or self.thinking_token_budget is not None
 
     def for_child(self, index: int) -> "SamplingParams":
         """The params of the index-th of n samples: n=1, and a distinct seed when seeded."""

@@ -13,6 +13,7 @@ from g906.server.errors import bad_request
 from g906.server.generation import GenerationRequest, Prompt, openai_sampling_params, start
 from g906.server.intake import parse_request
 from g906.server.openai_answers import chat_full, chat_stream, send_answer
+from g906.server.parsers import REASONING, make_parser
 from g906.server.state import ServerState, state_of
 from g906.server import vllm_extras as X
 
@@ -63,7 +64,9 @@ async def generation_request(st: ServerState, req: P.ChatCompletionRequest) -> G
     params = openai_sampling_params(req, max_tokens=req.max_completion_tokens or req.max_tokens,
                                     prompt_len=len(ids), max_model_len=st.max_model_len, logprobs=logprobs,
                                     prompt_param="messages",
-                                    logit_bias=X.logit_bias(req, st.engine.engine.model_config.vocab_size))
+                                    logit_bias=X.logit_bias(req, st.engine.engine.model_config.vocab_size),
+                                    extra=X.thinking_budget(req, make_parser(REASONING, st.reasoning_parser, prompt_text,
+                                                                             st.architecture), st.prompts.encode))
     return GenerationRequest(request_id=P.new_id("chatcmpl"), model=st.served_model_name,
                              prompts=[Prompt(ids=ids, text=prompt_text, mm=mm)], params=[params], n=req.n,
                              options=X.answer_options(req))

@@ -63,7 +63,7 @@ def max_tokens_in_context(requested: int | None, *, prompt_len: int, max_model_l
 
 def openai_sampling_params(req: P._SamplingFields, *, max_tokens: int | None, prompt_len: int,
                            max_model_len: int, logprobs: int | None, prompt_param: str,
-                           logit_bias: dict[int, float] | None = None):
+                           logit_bias: dict[int, float] | None = None, extra: dict | None = None):
     """The engine's SamplingParams from the sampling fields both OpenAI requests share."""
     from g906.engine.sampling_params import SamplingParams
 
@@ -79,7 +79,7 @@ def openai_sampling_params(req: P._SamplingFields, *, max_tokens: int | None, pr
             max_tokens=max_tokens, min_tokens=min(req.min_tokens, max_tokens), stop=stop,
             stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos,
             include_stop_str_in_output=req.include_stop_str_in_output, logprobs=logprobs,
-            skip_special_tokens=req.skip_special_tokens, logit_bias=logit_bias,
+            skip_special_tokens=req.skip_special_tokens, logit_bias=logit_bias, **(extra or {}),
         )
     except ValueError as exc:
         raise bad_request(str(exc), param=getattr(exc, "param", None)) from None

@@ -140,6 +140,8 @@ class ChatCompletionRequest(_SamplingFields):
     )
     add_generation_prompt: bool = True
     include_reasoning: bool = Field(True, description="false: the answer carries no reasoning.")
+    thinking_token_budget: int | None = Field(None, ge=0, description="At most this many thinking tokens, "
+                                              "then the end of the thinking is forced (needs a reasoning parser).")
 
 
 class CompletionRequest(_SamplingFields):

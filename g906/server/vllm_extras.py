@@ -90,3 +90,17 @@ def usage(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | No
     details = None if reasoning_tokens is None else P.CompletionTokensDetails(reasoning_tokens=reasoning_tokens)
     return P.Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                    total_tokens=prompt_tokens + completion_tokens, completion_tokens_details=details)
+
+
+def thinking_budget(req: P.ChatCompletionRequest, parser, encode) -> dict:
+    """The SamplingParams fields of a thinking_token_budget: the reasoning parser's tags as token
+    ids, and whether the prompt left the thinking open. `parser`: a fresh reasoning parser for
+    the prompt (None: the server has none, a 400); `encode`: text -> token ids."""
+    if req.thinking_token_budget is None:
+        return {}
+    if parser is None or not getattr(parser, "end_tag", None):
+        raise bad_request("thinking_token_budget needs a reasoning parser (engine.reasoning_parser in the recipe)",
+                          param="thinking_token_budget")
+    return dict(thinking_token_budget=req.thinking_token_budget,
+                think_start_ids=tuple(encode(parser.start_tag)), think_end_ids=tuple(encode(parser.end_tag)),
+                think_open=getattr(parser, "state", None) == "reasoning")

@@ -196,3 +196,19 @@ def test_include_reasoning_false_and_reasoning_tokens(client):
 def test_openai_client_still_parses(client):
     assert isinstance(client.completions.create(model="tiny", prompt="hi", max_tokens=1),
                       openai.types.Completion)
+
+
+def test_thinking_token_budget_forces_the_end_of_thinking(client, server):
+    kw = dict(model="tiny", messages=MSG, max_tokens=16, temperature=0)
+    free = client.chat.completions.create(**kw, extra_body=NOEOS)
+    assert free.usage.completion_tokens_details.reasoning_tokens == 16    # never closes by itself
+    capped = client.chat.completions.create(**kw, extra_body={**NOEOS, "thinking_token_budget": 3})
+    spent = capped.usage.completion_tokens_details.reasoning_tokens
+    assert 4 <= spent <= 12           # 3 thinking tokens + the ids of </think>
+    msg = capped.choices[0].message
+    assert msg.model_extra["reasoning_content"] and msg.content
+    chunks = list(client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True},
+                                                 extra_body={**NOEOS, "thinking_token_budget": 3}))
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == spent
+    r = post(server, "/chat/completions", {"messages": MSG, "max_tokens": 2, "thinking_token_budget": -1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "thinking_token_budget"
