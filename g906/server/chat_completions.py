@@ -63,7 +63,7 @@ async def generation_request(st: ServerState, req: P.ChatCompletionRequest) -> G
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = openai_sampling_params(req, max_tokens=req.max_completion_tokens or req.max_tokens,
                                     prompt_len=len(ids), max_model_len=st.max_model_len, logprobs=logprobs,
-                                    prompt_param="messages",
+                                    prompt_param="messages", default_max_tokens=st.default_max_tokens,
                                     logit_bias=X.logit_bias(req, st.engine.engine.model_config.vocab_size),
                                     extra=X.thinking_budget(req, make_parser(REASONING, st.reasoning_parser, prompt_text,
                                                                              st.architecture), st.prompts.encode))

@@ -43,16 +43,18 @@ class GenerationRequest:
         return sum(len(p.ids) for p in self.prompts)
 
 
-def max_tokens_in_context(requested: int | None, *, prompt_len: int, max_model_len: int, prompt_param: str) -> int:
-    """The tokens a request may generate: what it asked for (the rest of the context by default);
-    400 context_length_exceeded when the prompt, or the prompt and what it asked for, do not fit."""
+def max_tokens_in_context(requested: int | None, *, prompt_len: int, max_model_len: int, prompt_param: str,
+                          default: int | None = None) -> int:
+    """The tokens a request may generate: what it asked for (by default the server's default, at
+    most the rest of the context); 400 context_length_exceeded when the prompt, or the prompt and
+    what it asked for, do not fit."""
     if prompt_len >= max_model_len:
         raise bad_request(
             f"the prompt has {prompt_len} tokens, but this model's context (max_model_len) is {max_model_len} tokens",
             param=prompt_param, code="context_length_exceeded")
     room = max_model_len - prompt_len
     if requested is None:
-        return room
+        return room if default is None else min(default, room)
     if requested > room:
         raise bad_request(
             f"this model's context (max_model_len) is {max_model_len} tokens; the prompt has {prompt_len} and "
@@ -63,12 +65,13 @@ def max_tokens_in_context(requested: int | None, *, prompt_len: int, max_model_l
 
 def openai_sampling_params(req: P._SamplingFields, *, max_tokens: int | None, prompt_len: int,
                            max_model_len: int, logprobs: int | None, prompt_param: str,
-                           logit_bias: dict[int, float] | None = None, extra: dict | None = None):
+                           logit_bias: dict[int, float] | None = None, extra: dict | None = None,
+                           default_max_tokens: int | None = None):
     """The engine's SamplingParams from the sampling fields both OpenAI requests share."""
     from g906.engine.sampling_params import SamplingParams
 
     max_tokens = max_tokens_in_context(max_tokens, prompt_len=prompt_len, max_model_len=max_model_len,
-                                       prompt_param=prompt_param)
+                                       prompt_param=prompt_param, default=default_max_tokens)
     stop = req.stop if req.stop is not None else []
     try:
         return SamplingParams(

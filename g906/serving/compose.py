@@ -126,6 +126,9 @@ def build_app(plan: Plan) -> tuple[Any, ServerState]:
     state.set_ready(engine, prompts, info)."""
     from g906.server.app import ServerState, create_app
 
+    from g906.serving.generation_defaults import default_max_tokens
+
     state = ServerState(served_model_name=plan.served_model_name, reasoning_parser=plan.reasoning_parser,
-                        api_key=api_key_from_env(plan), max_body_bytes=max_body_bytes())
+                        api_key=api_key_from_env(plan), max_body_bytes=max_body_bytes(),
+                        default_max_tokens=default_max_tokens(plan))
     return create_app(state), state

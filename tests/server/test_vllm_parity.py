@@ -212,3 +212,19 @@ def test_thinking_token_budget_forces_the_end_of_thinking(client, server):
     assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == spent
     r = post(server, "/chat/completions", {"messages": MSG, "max_tokens": 2, "thinking_token_budget": -1})
     assert r.status_code == 400 and r.json()["error"]["param"] == "thinking_token_budget"
+
+
+def test_default_max_tokens_from_the_recipe(tmp_path_factory):
+    from tests.server.conftest import MAIN_RECIPE, openai_client, serving
+
+    recipe = MAIN_RECIPE.replace("[limits]\n", "[limits]\ndefault_max_tokens = 5\n")
+    gen = serving(tmp_path_factory.mktemp("g906-default-max"), recipe)
+    server = next(gen)
+    try:
+        c = openai_client(server)
+        r = c.chat.completions.create(model="tiny", messages=MSG, extra_body=NOEOS)
+        assert r.usage.completion_tokens == 5 and r.choices[0].finish_reason == "length"
+        r = c.chat.completions.create(model="tiny", messages=MSG, max_tokens=7, extra_body=NOEOS)
+        assert r.usage.completion_tokens == 7        # an explicit max_tokens wins (vLLM would cap it at 5)
+    finally:
+        next(gen, None)
