@@ -62,6 +62,9 @@ class StepOutput:
     stop_reason: str | int | None = None    # the stop string or stop token id
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    # with the first token of a request that asked: None (the first prompt token), then the
+    # TokenLogprobs of each later prompt token
+    prompt_logprobs: list | None = None
 
 
 class IncrementalDecoder:
@@ -357,6 +360,8 @@ class LLMEngine:
             new_logprobs=[lp] if lp is not None else [],
             finished=reason is not None, finish_reason=reason, stop_reason=stop_tok,
             num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=num_out,
+            prompt_logprobs=[None, *seq.prompt_logprobs] if params.prompt_logprobs is not None and num_out == 1
+            else None,
         )
         if reason is not None:
             self.scheduler.finish(seq, reason)

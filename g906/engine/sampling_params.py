@@ -30,6 +30,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logprobs: int | None = None        # number of top logprobs per step (0: only the sampled token's; -1: all)
     skip_special_tokens: bool = True
+    prompt_logprobs: int | None = None   # top logprobs per prompt position (as logprobs; g906/engine/prompt_logprobs.py)
     logit_bias: dict[int, float] | None = None   # token id -> added to its logit (g906/engine/logit_bias.py)
     # a cap on thinking tokens, then the end tag's ids are forced (g906/engine/thinking_budget.py)
     thinking_token_budget: int | None = None
@@ -79,6 +80,9 @@ class SamplingParams:
             raise bad("min_tokens", f"({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         if self.logprobs is not None and not -1 <= self.logprobs <= MAX_LOGPROBS:
             raise bad("logprobs", f"must be -1 (the whole vocabulary) or in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.prompt_logprobs is not None and not -1 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            raise bad("prompt_logprobs", f"must be -1 (the whole vocabulary) or in [0, {MAX_LOGPROBS}], "
+                                         f"got {self.prompt_logprobs}")
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
             raise bad("seed", "must fit in 64 bits")
         if self.thinking_token_budget is not None and self.thinking_token_budget < 0:

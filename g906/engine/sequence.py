@@ -28,7 +28,7 @@ class Sequence:
     __slots__ = (
         "seq_id", "request_id", "token_ids", "num_prompt_tokens", "params", "status",
         "num_cached_tokens", "block_table", "state_slot", "finish_reason", "arrival",
-        "num_preemptions", "stop_reason", "mm",
+        "num_preemptions", "stop_reason", "mm", "prompt_logprobs",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival: float = 0.0):
@@ -48,6 +48,7 @@ class Sequence:
         self.arrival = arrival
         self.num_preemptions = 0
         self.mm = None  # MultimodalInputs (g906/engine/vision) when the prompt has images
+        self.prompt_logprobs: list = []  # TokenLogprobs of prompt tokens 1.. (g906/engine/prompt_logprobs.py)
 
     def __len__(self) -> int:
         return len(self.token_ids)

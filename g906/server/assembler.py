@@ -40,6 +40,7 @@ class ChoiceAssembler:
     num_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
     reasoning_tokens: int = 0        # tokens generated while the reasoning was open
+    prompt_logprobs: list | None = None   # [None, TokenLogprobs...] when the request asked
     # (text offset, TokenLogprobs) per step: a step's offset is exact even where one token's own
     # text differs from what it added (a partial UTF-8 character, a stop string cut off)
     logprob_runs: list[tuple[int, list]] = field(default_factory=list)
@@ -54,6 +55,8 @@ class ChoiceAssembler:
         self.text += out.new_text
         self.num_tokens += len(out.new_token_ids)
         self.token_ids.extend(out.new_token_ids)
+        if getattr(out, "prompt_logprobs", None) is not None:
+            self.prompt_logprobs = out.prompt_logprobs
         in_reasoning = getattr(self.reasoning_parser, "state", None) == "reasoning"
         if out.new_logprobs:
             self.logprob_runs.append((offset, list(out.new_logprobs)))

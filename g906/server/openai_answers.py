@@ -20,7 +20,7 @@ from g906.server.disconnect import race_disconnect
 from g906.server.generation import merge
 from g906.server.intake import ignored_fields_header
 from g906.server.sse import SSE_DONE, SSEResponse, sse_event, stream_error
-from g906.server.vllm_extras import AnswerOptions, token_label
+from g906.server.vllm_extras import AnswerOptions, echo_logprobs, prompt_logprobs_json, token_label
 from g906.server.vllm_extras import usage as vllm_usage
 
 log = logging.getLogger("g906.server")
@@ -73,8 +73,9 @@ async def chat_full(asm: ResponseAssembler, streams: list, eng, *, logprobs: boo
             logprobs=P.ChoiceLogprobs(content=chat_logprobs(eng, c.logprobs, o.tokens_as_ids)) if logprobs else None,
             finish_reason=c.finish_reason, stop_reason=c.stop_reason, token_ids=_ids(asm, c.token_ids),
         ))
-    return P.ChatCompletionResponse(**_base(asm), choices=choices, usage=_usage(asm),
-                                    prompt_token_ids=_ids(asm, asm.request.prompts[0].ids))
+    return P.ChatCompletionResponse(
+        **_base(asm), choices=choices, usage=_usage(asm), prompt_token_ids=_ids(asm, asm.request.prompts[0].ids),
+        prompt_logprobs=prompt_logprobs_json(eng, asm.choices[0].prompt_logprobs, o.prompt_logprobs, o.tokens_as_ids))
 
 
 async def chat_stream(asm: ResponseAssembler, streams: list, eng, opts: P.StreamOptions) -> AsyncIterator[str]:
@@ -118,13 +119,20 @@ async def completion_full(asm: ResponseAssembler, streams: list, eng, *,
                           logprobs: int | None) -> P.CompletionResponse:
     async for k, (i, out) in merge(streams):
         asm.feed(k, i, out)
-    n, as_ids = asm.request.n, _opts(asm).tokens_as_ids
-    choices = [P.CompletionChoice(
-        index=c.index, text=c.prefix + c.text,
-        logprobs=completion_logprobs(eng, c.logprob_runs, as_ids) if logprobs is not None else None,
-        finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-        prompt_token_ids=_ids(asm, asm.request.prompts[c.index // n].ids), token_ids=_ids(asm, c.token_ids))
-        for c in asm.choices]
+    n, o = asm.request.n, _opts(asm)
+    choices = []
+    for c in asm.choices:
+        lp = None
+        if logprobs is not None:
+            lp = completion_logprobs(eng, c.logprob_runs, o.tokens_as_ids)
+            if c.prefix:       # echo: the prompt's tokens come first
+                lp = _join(echo_logprobs(eng, asm.request.prompts[c.index // n].ids, c.prompt_logprobs, logprobs,
+                                         o.tokens_as_ids), lp)
+        choices.append(P.CompletionChoice(
+            index=c.index, text=c.prefix + c.text, logprobs=lp, finish_reason=c.finish_reason,
+            stop_reason=c.stop_reason, prompt_token_ids=_ids(asm, asm.request.prompts[c.index // n].ids),
+            token_ids=_ids(asm, c.token_ids),
+            prompt_logprobs=prompt_logprobs_json(eng, c.prompt_logprobs, o.prompt_logprobs, o.tokens_as_ids)))
     return P.CompletionResponse(**_base(asm), choices=choices, usage=_usage(asm))
 
 
@@ -135,7 +143,8 @@ async def completion_stream(asm: ResponseAssembler, streams: list, eng, opts: P.
     first = {c.index for c in asm.choices}   # choices whose prompt_token_ids were not sent yet
     pending: dict[int, list[int]] = {}
     try:
-        if echo:
+        late_echo = echo and logprobs is not None   # its logprobs come with the first token
+        if echo and not late_echo:
             for c in asm.choices:
                 first.discard(c.index)
                 yield sse_event(P.CompletionResponse(**base, choices=[P.CompletionChoice(
@@ -144,6 +153,13 @@ async def completion_stream(asm: ResponseAssembler, streams: list, eng, opts: P.
         async for k, (i, out) in merge(streams):
             d = asm.feed(k, i, out)
             pending.setdefault(d.index, []).extend(out.new_token_ids)
+            if late_echo and d.index in first:
+                first.discard(d.index)
+                c = asm.choices[d.index]
+                ids = asm.request.prompts[d.index // n].ids
+                yield sse_event(P.CompletionResponse(**base, choices=[P.CompletionChoice(
+                    index=c.index, text=c.prefix, finish_reason=None, prompt_token_ids=_ids(asm, ids),
+                    logprobs=echo_logprobs(eng, ids, c.prompt_logprobs, logprobs, as_ids))]))
             lp = completion_logprobs(eng, [(d.text_offset, d.logprobs)], as_ids) if logprobs is not None else None
             if not (d.text or d.finished or lp):
                 continue
@@ -166,6 +182,13 @@ async def completion_stream(asm: ResponseAssembler, streams: list, eng, opts: P.
 
 
 # -- logprobs ---------------------------------------------------------------------------------------
+
+def _join(head: P.CompletionLogprobs, tail: P.CompletionLogprobs) -> P.CompletionLogprobs:
+    """The echoed prompt's logprobs, then the output's (its offsets already count the prompt text)."""
+    return P.CompletionLogprobs(tokens=head.tokens + tail.tokens, token_logprobs=head.token_logprobs + tail.token_logprobs,
+                                top_logprobs=head.top_logprobs + tail.top_logprobs,
+                                text_offset=head.text_offset + tail.text_offset)
+
 
 def _finite(x: float) -> float:
     # JSON has no infinities or NaN: a token the sampler could never pick gets a very low logprob

@@ -106,6 +106,8 @@ class _SamplingFields(_Req):
     return_tokens_as_token_ids: bool = Field(False, description="Logprob tokens as \"token_id:<id>\".")
     truncate_prompt_tokens: int | None = Field(None, ge=-1, description="Keep this many prompt tokens (-1: the context).")
     truncation_side: Literal["left", "right"] | None = Field(None, description="Which end truncation cuts (left).")
+    prompt_logprobs: int | None = Field(None, ge=-1, le=MAX_LOGPROBS,
+                                        description="Top logprobs of each prompt token (-1: all; not streamed).")
 
     @field_validator("stop")
     @classmethod
@@ -190,6 +192,16 @@ class Usage(_Resp):
     completion_tokens_details: CompletionTokensDetails | None = None
 
 
+class PromptLogprob(_Resp):
+    """vLLM's shape: one entry of a prompt position's {token id: PromptLogprob}."""
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
 class TopLogprob(_Resp):
     token: str
     logprob: float
@@ -233,6 +245,7 @@ class ChatCompletionResponse(_Resp):
     usage: Usage
     system_fingerprint: str | None = None
     prompt_token_ids: list[int] | None = None  # return_token_ids
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class DeltaMessage(_Resp):
@@ -277,6 +290,7 @@ class CompletionChoice(_Resp):
     stop_reason: str | int | None = None
     prompt_token_ids: list[int] | None = None  # return_token_ids (the choice's prompt)
     token_ids: list[int] | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(_Resp):

@@ -22,17 +22,21 @@ class AnswerOptions:
     return_token_ids: bool = False
     tokens_as_ids: bool = False          # logprob tokens as "token_id:<id>"
     include_reasoning: bool = True
+    prompt_logprobs: int | None = None   # k of the response's prompt_logprobs (None: none asked)
 
 
 def answer_options(req: P._SamplingFields) -> AnswerOptions:
     return AnswerOptions(return_token_ids=req.return_token_ids, tokens_as_ids=req.return_tokens_as_token_ids,
-                         include_reasoning=getattr(req, "include_reasoning", True))
+                         include_reasoning=getattr(req, "include_reasoning", True),
+                         prompt_logprobs=req.prompt_logprobs)
 
 
 def check_stream_fields(req: P._SamplingFields) -> None:
     """vLLM: stream_options only with stream=true (400 otherwise)."""
     if req.stream_options is not None and not req.stream:
         raise bad_request("stream_options can only be set when stream is true", param="stream_options")
+    if req.prompt_logprobs is not None and req.stream:
+        raise bad_request("prompt_logprobs are not available when stream is true", param="prompt_logprobs")
 
 
 def stream_options(req: P._SamplingFields) -> P.StreamOptions:
@@ -104,3 +108,57 @@ def thinking_budget(req: P.ChatCompletionRequest, parser, encode) -> dict:
     return dict(thinking_token_budget=req.thinking_token_budget,
                 think_start_ids=tuple(encode(parser.start_tag)), think_end_ids=tuple(encode(parser.end_tag)),
                 think_open=getattr(parser, "state", None) == "reasoning")
+
+
+def engine_prompt_logprobs(req: P._SamplingFields, echo_logprobs: int | None = None) -> dict:
+    """The SamplingParams prompt_logprobs a request needs: its own, or (completions with echo and
+    logprobs, whose logprobs then cover the prompt too) the logprobs' k; -1 (all) dominates."""
+    ks = [k for k in (req.prompt_logprobs, echo_logprobs) if k is not None]
+    if not ks:
+        return {}
+    return {"prompt_logprobs": -1 if -1 in ks else max(ks)}
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else -9999.0
+
+
+def prompt_logprobs_json(eng, lps: list | None, k: int | None, as_ids: bool) -> list | None:
+    """vLLM's prompt_logprobs: None for the first prompt token, then per position
+    {"<token id>": {logprob, rank, decoded_token}} for the prompt's token and the top k."""
+    if lps is None or k is None:
+        return None
+    out: list = []
+    for lp in lps:
+        if lp is None:
+            out.append(None)
+            continue
+        d = {str(lp.token_id): P.PromptLogprob(logprob=_finite(lp.logprob), rank=lp.rank,
+                                               decoded_token=token_label(eng, lp.token_id, as_ids))}
+        for r, (t, v) in enumerate(lp.top[: len(lp.top) if k == -1 else k], start=1):
+            d.setdefault(str(t), P.PromptLogprob(logprob=_finite(v), rank=r, decoded_token=token_label(eng, t, as_ids)))
+        out.append(d)
+    return out
+
+
+def echo_logprobs(eng, prompt_ids: list[int], lps: list | None, k: int, as_ids: bool) -> P.CompletionLogprobs:
+    """Completions with echo and logprobs: the prompt's part of the choice's logprobs (vLLM: the
+    first prompt token's logprob and top_logprobs are null)."""
+    res = P.CompletionLogprobs()
+    offset = 0
+    lps = lps or [None] * len(prompt_ids)
+    for tid, lp in zip(prompt_ids, lps):
+        label = token_label(eng, tid, as_ids)
+        res.tokens.append(label)
+        res.text_offset.append(offset)
+        offset += len(eng.token_text(tid))
+        if lp is None:
+            res.token_logprobs.append(None)
+            res.top_logprobs.append(None)
+            continue
+        res.token_logprobs.append(_finite(lp.logprob))
+        top = {label: _finite(lp.logprob)}
+        for t, v in lp.top[: len(lp.top) if k == -1 else k]:
+            top.setdefault(token_label(eng, t, as_ids), _finite(v))
+        res.top_logprobs.append(top)
+    return res

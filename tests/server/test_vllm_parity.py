@@ -228,3 +228,46 @@ def test_default_max_tokens_from_the_recipe(tmp_path_factory):
         assert r.usage.completion_tokens == 7        # an explicit max_tokens wins (vLLM would cap it at 5)
     finally:
         next(gen, None)
+
+
+# -- prompt logprobs, echo ------------------------------------------------------------------------
+
+def test_prompt_logprobs_chat_and_completions(client, server):
+    r = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=2,
+                                       extra_body={"prompt_logprobs": 2, "return_token_ids": True})
+    plp, ids = r.model_extra["prompt_logprobs"], r.model_extra["prompt_token_ids"]
+    assert len(plp) == len(ids) == r.usage.prompt_tokens and plp[0] is None
+    for pos, d in zip(ids[1:], plp[1:]):
+        assert str(pos) in d and 1 <= len(d) <= 3
+        assert all(set(e) == {"logprob", "rank", "decoded_token"} for e in d.values())
+        assert all(isinstance(e["rank"], int) and e["rank"] >= 1 for e in d.values())
+        assert max(d.values(), key=lambda e: e["logprob"])["rank"] == 1
+    c = client.completions.create(model="tiny", prompt=[[5, 6, 7], [9, 10]], max_tokens=1,
+                                  extra_body={"prompt_logprobs": 0})
+    got = [ch.model_extra["prompt_logprobs"] for ch in c.choices]
+    assert [len(g) for g in got] == [3, 2] and got[0][0] is None and list(got[0][1]) == ["6"]
+    assert client.completions.create(model="tiny", prompt="hi", max_tokens=1).choices[0].model_extra.get(
+        "prompt_logprobs") is None
+    r = post(server, "/completions", {"prompt": "x", "max_tokens": 1, "stream": True, "prompt_logprobs": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"
+
+
+def test_echo_with_logprobs_covers_the_prompt(client):
+    prompt = [5, 6, 7, 8]
+    kw = dict(model="tiny", prompt=prompt, max_tokens=3, temperature=0, logprobs=1, echo=True, extra_body=NOEOS)
+    full = client.completions.create(**kw)
+    lp = full.choices[0].logprobs
+    assert len(lp.tokens) == 4 + 3
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(isinstance(x, float) for x in lp.token_logprobs[1:])
+    ref = client.completions.create(model="tiny", prompt=prompt, max_tokens=1, extra_body={"prompt_logprobs": 1})
+    ref_lp = ref.choices[0].model_extra["prompt_logprobs"]
+    for j in (1, 2, 3):
+        assert lp.token_logprobs[j] == pytest.approx(ref_lp[j][str(prompt[j])]["logprob"], abs=1e-4)
+        assert lp.tokens[j] in lp.top_logprobs[j]
+    assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+    chunks = list(client.completions.create(stream=True, **kw))
+    tokens = [t for ch in chunks for c in ch.choices if c.logprobs for t in c.logprobs.tokens]
+    lps = [t for ch in chunks for c in ch.choices if c.logprobs for t in c.logprobs.token_logprobs]
+    assert tokens == lp.tokens and lps[0] is None and lps[1:] == pytest.approx(lp.token_logprobs[1:])
+    assert "".join(c.text for ch in chunks for c in ch.choices) == full.choices[0].text
