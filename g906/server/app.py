@@ -12,7 +12,7 @@ from __future__ import annotations
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from g906.server import info_routes
+from g906.server import info_routes, vllm_routes
 from g906.server.chat_completions import chat_completions
 from g906.server.completions import completions
 from g906.server.errors import EXCEPTION_HANDLERS
@@ -31,6 +31,9 @@ def create_app(state: ServerState) -> Starlette:
         Route("/metrics", info_routes.metrics, methods=["GET"]),
         Route("/version", info_routes.version, methods=["GET"]),
         Route("/openapi.json", info_routes.openapi, methods=["GET"]),
+        Route("/load", vllm_routes.load, methods=["GET"]),
+        Route("/tokenizer_info", vllm_routes.tokenizer_info, methods=["GET"]),
+        Route("/invocations", vllm_routes.invocations, methods=["POST"]),
     ]
     app = Starlette(routes=routes, exception_handlers=dict(EXCEPTION_HANDLERS))
     app.state.g906 = state

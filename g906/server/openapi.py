@@ -74,6 +74,12 @@ def openapi_document() -> dict:
         "/health": get("health", "200 when the model is loaded and warmed up, 503 before", "HealthInfo", errors=(503,)),
         "/metrics": get("metrics", "Prometheus metrics", None, media="text/plain"),
         "/version": get("version", "Server version", "VersionInfo"),
+        "/load": get("serverLoad", "vLLM's server load: {\"server_load\": requests in flight}", None, auth=True,
+                     errors=(401,)),
+        "/tokenizer_info": get("tokenizerInfo", "vLLM's tokenizer information", None, auth=True, errors=(401, 503)),
+        "/invocations": post("invocations", "SageMaker entry point: a chat completion (messages) or a text "
+                             "completion (prompt)", "ChatCompletionRequest", "ChatCompletionResponse",
+                             "ChatCompletionChunk"),
     }
     return {
         "openapi": "3.1.0",

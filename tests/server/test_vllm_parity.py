@@ -271,3 +271,27 @@ def test_echo_with_logprobs_covers_the_prompt(client):
     lps = [t for ch in chunks for c in ch.choices if c.logprobs for t in c.logprobs.token_logprobs]
     assert tokens == lp.tokens and lps[0] is None and lps[1:] == pytest.approx(lp.token_logprobs[1:])
     assert "".join(c.text for ch in chunks for c in ch.choices) == full.choices[0].text
+
+
+# -- endpoints ------------------------------------------------------------------------------------
+
+def test_load_tokenizer_info_and_invocations(server):
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    r = httpx.get(server.url + "/load", headers=auth)
+    assert r.status_code == 200 and isinstance(r.json()["server_load"], int)
+    assert httpx.get(server.url + "/load").status_code == 401
+    info = httpx.get(server.url + "/tokenizer_info", headers=auth).json()
+    assert info["tokenizer_class"] and info["model_max_length"] == 512 and info["eos_token_ids"]
+    assert "{%" in info["chat_template"]
+    chat = httpx.post(server.url + "/invocations", headers=auth, timeout=120,
+                      json={"messages": MSG, "max_tokens": 2, "ignore_eos": True})
+    assert chat.status_code == 200 and chat.json()["object"] == "chat.completion"
+    assert chat.json()["usage"]["completion_tokens"] == 2
+    cmpl = httpx.post(server.url + "/invocations", headers=auth, timeout=120,
+                      json={"prompt": "hi", "max_tokens": 2, "stream": True})
+    assert cmpl.status_code == 200 and cmpl.text.rstrip().endswith("data: [DONE]") and "text_completion" in cmpl.text
+    bad = httpx.post(server.url + "/invocations", headers=auth, json={"input": "x"})
+    assert bad.status_code == 400 and "messages" in bad.json()["error"]["message"]
+    bad = httpx.post(server.url + "/invocations", headers=auth, json={"messages": MSG, "n": 0})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "n"
+    assert httpx.post(server.url + "/invocations", json={"prompt": "x"}).status_code == 401
