@@ -61,9 +61,9 @@ SHIM = textwrap.dedent('''
             recipe.write_text(
                 '[model]\\nsource = "builtin:tiny-qwen35"\\nname = "%s"\\n'
                 '[limits]\\nmax_model_len = %d\\nmax_num_seqs = 32\\n'
-                '[engine]\\nreasoning_parser = "%s"\\n'
-                '[server]\\napi_key_env = "G906_CONF_KEY"\\n' % (model, max_len, parser))
-            env = dict(os.environ, G906_CONF_KEY=self.DUMMY_API_KEY, PYTHONPATH=G906_ROOT,
+                '[engine]\\nreasoning_parser = "%s"\\n' % (model, max_len, parser))
+            # no API key, as `vllm serve` by default: clients send the dummy key, raw requests none
+            env = dict(os.environ, PYTHONPATH=G906_ROOT,
                        OMP_NUM_THREADS="1", **(env_dict or {}))
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "g906", "up", str(recipe), "--port", "0", "--skip-doctor"],
@@ -120,9 +120,35 @@ def download(version: str, dest: Path) -> Path:
     print("$", " ".join(cmd), flush=True)
     r = subprocess.run(cmd, capture_output=True, text=True)
     found = sorted(dest.glob("vllm-*.tar.gz"))
-    if not found:   # pip may fetch the archive and then fail to prepare its metadata: the archive is enough
-        sys.exit(f"could not download vLLM {version}'s source package:\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
-    return found[0]
+    if found:
+        return found[0]
+    # pip fetches the archive, then fails to prepare its metadata (vLLM's build needs torch and a
+    # compiler) and deletes it; the archive is all this needs: take the same file from the index
+    print("pip could not prepare the package's metadata; fetching the same archive from the index", flush=True)
+    return _fetch_sdist(version, dest, r.stderr[-1500:])
+
+
+def _fetch_sdist(version: str, dest: Path, pip_err: str) -> Path:
+    """The archive pip found, from the same simple index page pip reads (PEP 503), sha256-checked."""
+    import hashlib
+    import urllib.request
+
+    name = f"vllm-{version}.tar.gz"
+    req = urllib.request.Request("https://pypi.org/simple/vllm/", headers={"Accept": "text/html"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        page = resp.read().decode("utf-8", "replace")
+    m = re.search(r'href="([^"]*/' + re.escape(name) + r')#sha256=([0-9a-f]{64})"', page)
+    if not m:
+        sys.exit(f"the index lists no {name} (pip said:\n{pip_err})")
+    url, want = m.group(1), m.group(2)
+    dest.mkdir(parents=True, exist_ok=True)
+    out = dest / name
+    with urllib.request.urlopen(url, timeout=600) as resp, open(out, "wb") as fh:
+        while chunk := resp.read(1 << 20):
+            fh.write(chunk)
+    if hashlib.sha256(out.read_bytes()).hexdigest() != want:
+        sys.exit(f"{out}: its sha256 does not match the index's")
+    return out
 
 
 def extract(sdist: Path, tree: Path) -> list[Path]:
@@ -162,7 +188,16 @@ def run_file(tree: Path, f: Path, k: str | None, timeout: int) -> tuple[str, dic
     return "ran", counts, out[-300:]
 
 
+# what vLLM's tests need besides g906's own environment
+TEST_DEPS = ("pytest_asyncio", "openai", "requests", "jsonschema")
+
+
 def main() -> None:
+    import importlib.util
+
+    missing = [m for m in TEST_DEPS if importlib.util.find_spec(m) is None]
+    if missing:
+        sys.exit(f"vLLM's tests need {', '.join(missing)}: install them in the environment that runs this")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--vllm-version", default=DEFAULT_VERSION)
     ap.add_argument("--keep", type=Path, help="work here and keep the files (default: a temporary directory)")
@@ -174,6 +209,10 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     sdist = download(a.vllm_version, work / "dl")
     files = [f for f in extract(sdist, work / "tree") if fnmatch.fnmatch(f.name, a.files)]
+    for d in sorted({f.parent for f in files}):      # vLLM's test folders are packages
+        while d != work / "tree" and not (d / "__init__.py").exists():
+            (d / "__init__.py").touch()
+            d = d.parent
     totals = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
     na = 0
     print(f"vLLM {a.vllm_version}: {len(files)} test files under tests/entrypoints/openai", flush=True)
@@ -181,11 +220,11 @@ def main() -> None:
         status, counts, note = run_file(work / "tree", f, a.k, a.timeout)
         if status == "n/a":
             na += 1
-            print(f"  n/a   {f.name}  ({note})", flush=True)
+            print(f"  n/a   {f.relative_to(work / 'tree' / 'tests' / 'entrypoints' / 'openai')}  ({note})", flush=True)
             continue
         for key in totals:
             totals[key] += counts.get(key, 0)
-        print(f"  {status:5} {f.name}  " + " ".join(f"{k}={v}" for k, v in counts.items()), flush=True)
+        print(f"  {status:5} {f.relative_to(work / 'tree' / 'tests' / 'entrypoints' / 'openai')}  " + " ".join(f"{k}={v}" for k, v in counts.items()), flush=True)
     applicable = totals["passed"] + totals["failed"] + totals["error"]
     rate = 100.0 * totals["passed"] / applicable if applicable else 0.0
     print(f"files: {len(files)} ({na} not applicable: they import vLLM itself)")
