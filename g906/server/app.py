@@ -13,6 +13,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from g906.server import info_routes, vllm_routes
+from g906.server.chat_batch import chat_completions_batch
 from g906.server.chat_completions import chat_completions
 from g906.server.completions import completions
 from g906.server.errors import EXCEPTION_HANDLERS
@@ -24,6 +25,7 @@ __all__ = ["DEFAULT_MAX_BODY_BYTES", "ServerState", "create_app"]
 def create_app(state: ServerState) -> Starlette:
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/chat/completions/batch", chat_completions_batch, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", info_routes.list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", info_routes.get_model, methods=["GET"]),

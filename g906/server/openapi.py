@@ -74,6 +74,9 @@ def openapi_document() -> dict:
         "/health": get("health", "200 when the model is loaded and warmed up, 503 before", "HealthInfo", errors=(503,)),
         "/metrics": get("metrics", "Prometheus metrics", None, media="text/plain"),
         "/version": get("version", "Server version", "VersionInfo"),
+        "/v1/chat/completions/batch": post("createChatCompletionBatch", "vLLM's batch of conversations: "
+                                           "messages is a list of conversations; one chat.completion, not streamed",
+                                           "ChatCompletionRequest", "ChatCompletionResponse", "ChatCompletionChunk"),
         "/load": get("serverLoad", "vLLM's server load: {\"server_load\": requests in flight}", None, auth=True,
                      errors=(401,)),
         "/tokenizer_info": get("tokenizerInfo", "vLLM's tokenizer information", None, auth=True, errors=(401, 503)),

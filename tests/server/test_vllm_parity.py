@@ -295,3 +295,23 @@ def test_load_tokenizer_info_and_invocations(server):
     bad = httpx.post(server.url + "/invocations", headers=auth, json={"messages": MSG, "n": 0})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "n"
     assert httpx.post(server.url + "/invocations", json={"prompt": "x"}).status_code == 401
+
+
+def test_chat_completions_batch(server):
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    convs = [[{"role": "user", "content": "Say alpha"}], [{"role": "user", "content": "Say beta, please"}]]
+    body = {"messages": convs, "max_tokens": 3, "temperature": 0, "ignore_eos": True, "logprobs": True,
+            "return_token_ids": True}
+    r = httpx.post(server.v1 + "/chat/completions/batch", headers=auth, json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    assert data["object"] == "chat.completion" and [c["index"] for c in data["choices"]] == [0, 1]
+    assert data["usage"]["completion_tokens"] == 6 and all(c["logprobs"]["content"] for c in data["choices"])
+    # each choice is what the conversation alone gives
+    for k, conv in enumerate(convs):
+        one = post(server, "/chat/completions", {**body, "messages": conv}).json()
+        assert one["choices"][0]["token_ids"] == data["choices"][k]["token_ids"]
+    for bad, param in (({**body, "stream": True}, "stream"), ({**body, "messages": [[]]}, "messages.0"),
+                       ({**body, "messages": [[{"role": "user", "content": "x" * 3000}]]}, "messages")):
+        r = httpx.post(server.v1 + "/chat/completions/batch", headers=auth, json=bad, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
