@@ -31,6 +31,7 @@ class SamplingParams:
     logprobs: int | None = None        # number of top logprobs per step (0: only the sampled token's; -1: all)
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None   # top logprobs per prompt position (as logprobs; g906/engine/prompt_logprobs.py)
+    logprob_token_ids: list[int] | None = None   # with logprobs: these ids' logprobs instead of the top k
     logit_bias: dict[int, float] | None = None   # token id -> added to its logit (g906/engine/logit_bias.py)
     # a cap on thinking tokens, then the end tag's ids are forced (g906/engine/thinking_budget.py)
     thinking_token_budget: int | None = None
@@ -87,6 +88,9 @@ class SamplingParams:
             raise bad("seed", "must fit in 64 bits")
         if self.thinking_token_budget is not None and self.thinking_token_budget < 0:
             raise bad("thinking_token_budget", f"must be non-negative, got {self.thinking_token_budget}")
+        for t in self.logprob_token_ids or ():
+            if not isinstance(t, int) or t < 0:
+                raise bad("logprob_token_ids", f"entries must be non-negative token ids, got {t!r}")
         for t, b in (self.logit_bias or {}).items():
             if not isinstance(t, int) or t < 0:
                 raise bad("logit_bias", f"keys must be non-negative token ids, got {t!r}")

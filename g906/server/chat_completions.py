@@ -67,7 +67,8 @@ async def generation_request(st: ServerState, req: P.ChatCompletionRequest) -> G
                                     logit_bias=X.logit_bias(req, st.engine.engine.model_config.vocab_size),
                                     extra=X.thinking_budget(req, make_parser(REASONING, st.reasoning_parser, prompt_text,
                                                                              st.architecture), st.prompts.encode)
-                                    | X.engine_prompt_logprobs(req))
+                                    | X.engine_prompt_logprobs(req)
+                                    | X.logprob_token_ids(req, st.engine.engine.model_config.vocab_size))
     return GenerationRequest(request_id=P.new_id("chatcmpl"), model=st.served_model_name,
                              prompts=[Prompt(ids=ids, text=prompt_text, mm=mm)], params=[params], n=req.n,
                              options=X.answer_options(req))

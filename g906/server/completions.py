@@ -28,7 +28,8 @@ async def completions(request: Request) -> Response:
     params = [openai_sampling_params(req, max_tokens=req.max_tokens, prompt_len=len(p.ids),
                                      max_model_len=st.max_model_len, logprobs=req.logprobs, prompt_param="prompt",
                                      logit_bias=bias,
-                                     extra=X.engine_prompt_logprobs(req, req.logprobs if req.echo else None))
+                                     extra=X.engine_prompt_logprobs(req, req.logprobs if req.echo else None)
+                                     | X.logprob_token_ids(req, st.engine.engine.model_config.vocab_size))
               for p in prompts]
     greq = GenerationRequest(request_id=P.new_id("cmpl"), model=st.served_model_name, prompts=prompts,
                              params=params, n=req.n, options=X.answer_options(req))

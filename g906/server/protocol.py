@@ -106,6 +106,8 @@ class _SamplingFields(_Req):
     return_tokens_as_token_ids: bool = Field(False, description="Logprob tokens as \"token_id:<id>\".")
     truncate_prompt_tokens: int | None = Field(None, ge=-1, description="Keep this many prompt tokens (-1: the context).")
     truncation_side: Literal["left", "right"] | None = Field(None, description="Which end truncation cuts (left).")
+    logprob_token_ids: list[int] | None = Field(None, max_length=1024, description="With logprobs: the "
+                                                "logprobs of these token ids (and the sampled one) at every step.")
     prompt_logprobs: int | None = Field(None, ge=-1, le=MAX_LOGPROBS,
                                         description="Top logprobs of each prompt token (-1: all; not streamed).")
 

@@ -162,3 +162,15 @@ def echo_logprobs(eng, prompt_ids: list[int], lps: list | None, k: int, as_ids: 
             top.setdefault(token_label(eng, t, as_ids), _finite(v))
         res.top_logprobs.append(top)
     return res
+
+
+def logprob_token_ids(req: P._SamplingFields, vocab_size: int) -> dict:
+    """The SamplingParams field of logprob_token_ids: ids of this vocabulary (400 otherwise)."""
+    ids = req.logprob_token_ids
+    if not ids:
+        return {}
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise bad_request(f"logprob_token_ids: token id {bad} is outside the vocabulary (0..{vocab_size - 1})",
+                          param="logprob_token_ids")
+    return {"logprob_token_ids": list(dict.fromkeys(ids))}

@@ -315,3 +315,20 @@ def test_chat_completions_batch(server):
                        ({**body, "messages": [[{"role": "user", "content": "x" * 3000}]]}, "messages")):
         r = httpx.post(server.v1 + "/chat/completions/batch", headers=auth, json=bad, timeout=60)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_logprob_token_ids(client, server):
+    r = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=2, temperature=0, logprobs=True,
+                                       top_logprobs=5, extra_body={"logprob_token_ids": [100, 300, 100],
+                                                                   "return_tokens_as_token_ids": True})
+    for t in r.choices[0].logprobs.content:
+        assert {x.token for x in t.top_logprobs} == {"token_id:100", "token_id:300", t.token}
+        assert t.top_logprobs[0].token == t.token
+    full = client.chat.completions.create(model="tiny", messages=MSG, max_tokens=1, temperature=0, logprobs=True,
+                                          top_logprobs=-1, extra_body={"return_tokens_as_token_ids": True})
+    every = {x.token: x.logprob for x in full.choices[0].logprobs.content[0].top_logprobs}
+    named = {x.token: x.logprob for x in r.choices[0].logprobs.content[0].top_logprobs}
+    assert named["token_id:300"] == pytest.approx(every["token_id:300"], abs=1e-5)
+    bad = post(server, "/chat/completions", {"messages": MSG, "max_tokens": 1, "logprobs": True,
+                                             "logprob_token_ids": [VOCAB]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "logprob_token_ids"
