@@ -226,7 +226,7 @@ class ResponseMessage(_Resp):
     content: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
-    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    tool_calls: list[dict[str, Any]] | None = None   # null when there are none (as vLLM and OpenAI)
 
 
 class ChatChoice(_Resp):

@@ -332,3 +332,8 @@ def test_logprob_token_ids(client, server):
     bad = post(server, "/chat/completions", {"messages": MSG, "max_tokens": 1, "logprobs": True,
                                              "logprob_token_ids": [VOCAB]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "logprob_token_ids"
+
+
+def test_tool_calls_null_without_tool_calls(server):
+    r = post(server, "/chat/completions", {"messages": MSG, "max_tokens": 1})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["tool_calls"] is None
