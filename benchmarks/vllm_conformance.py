@@ -114,6 +114,58 @@ SHIM = textwrap.dedent('''
 ''')
 
 
+# Where pytest-asyncio is not installed: a minimal stand-in (our own code), enough for vLLM's tests:
+# async tests and async fixtures run on one event loop for the whole session.
+ASYNC_SHIM = textwrap.dedent('''
+    import asyncio, functools, inspect
+    import pytest
+
+    _loop = asyncio.new_event_loop()
+
+
+    def fixture(fn=None, **kw):
+        kw.pop("loop_scope", None)
+
+        def wrap(f):
+            if inspect.isasyncgenfunction(f):
+                @functools.wraps(f)
+                def gen(*a, **k):
+                    agen = f(*a, **k)
+                    yield _loop.run_until_complete(agen.__anext__())
+                    try:
+                        _loop.run_until_complete(agen.__anext__())
+                    except StopAsyncIteration:
+                        pass
+                return pytest.fixture(**kw)(gen)
+            if inspect.iscoroutinefunction(f):
+                @functools.wraps(f)
+                def once(*a, **k):
+                    return _loop.run_until_complete(f(*a, **k))
+                return pytest.fixture(**kw)(once)
+            return pytest.fixture(**kw)(f)
+
+        return wrap(fn) if fn is not None else wrap
+''')
+ASYNC_CONFTEST = textwrap.dedent('''
+    import inspect
+    import pytest
+    import pytest_asyncio
+
+
+    def pytest_configure(config):
+        config.addinivalue_line("markers", "asyncio: an async test")
+
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_pyfunc_call(pyfuncitem):
+        if inspect.iscoroutinefunction(pyfuncitem.obj):
+            args = {n: pyfuncitem.funcargs[n] for n in pyfuncitem._fixtureinfo.argnames}
+            pytest_asyncio._loop.run_until_complete(pyfuncitem.obj(**args))
+            return True
+        return None
+''')
+
+
 def download(version: str, dest: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", f"vllm=={version}", "--no-deps", "--no-binary", ":all:",
            "--no-build-isolation", "-d", str(dest)]
@@ -166,6 +218,11 @@ def extract(sdist: Path, tree: Path) -> list[Path]:
         (tree / pkg).mkdir(parents=True, exist_ok=True)
         (tree / pkg / "__init__.py").touch()
     (tree / "tests" / "utils.py").write_text(SHIM)
+    import importlib.util
+
+    if importlib.util.find_spec("pytest_asyncio") is None:
+        (tree / "pytest_asyncio.py").write_text(ASYNC_SHIM)
+        (tree / "conftest.py").write_text(ASYNC_CONFTEST)
     return sorted(f for f in files if f.name.startswith("test_"))
 
 
@@ -189,7 +246,7 @@ def run_file(tree: Path, f: Path, k: str | None, timeout: int) -> tuple[str, dic
 
 
 # what vLLM's tests need besides g906's own environment
-TEST_DEPS = ("pytest_asyncio", "openai", "requests", "jsonschema")
+TEST_DEPS = ("openai", "requests", "jsonschema", "httpx")
 
 
 def main() -> None:
