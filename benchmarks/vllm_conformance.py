@@ -111,6 +111,7 @@ SHIM = textwrap.dedent('''
 
 
     RemoteOpenAIServerCustom = RemoteOpenAIServer
+    ROCM_EXTRA_ARGS: list = []          # vLLM's extra server flags on ROCm: none for g906
 ''')
 
 
