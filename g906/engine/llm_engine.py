@@ -69,6 +69,9 @@ class StepOutput:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0              # prompt tokens the prefix cache supplied
+    # with the first token of a request that asked: None (the first prompt token), then the
+    # TokenLogprobs of each later prompt token
+    prompt_logprobs: list | None = None
 
 
 class IncrementalDecoder:
@@ -310,12 +313,12 @@ class LLMEngine:
 
     def _pipelinable(self, batch) -> bool:
         """A graph-path decode step whose sequences sample without their output history (no
-        penalties) and will not reach a length limit with this step's token."""
+        penalties, no thinking budget) and will not reach a length limit with this step's token."""
         if not self.runner.can_feed(batch):
             return False
         for s in batch.seqs:
             p = s.params
-            if p.has_penalties or s.guide is not None or s.num_tokens + 1 >= self.max_model_len:
+            if p.needs_history or s.guide is not None or s.num_tokens + 1 >= self.max_model_len:
                 return False      # (a constrained step's mask needs the token before it)
             if p.max_tokens is not None and s.num_output_tokens + 1 >= p.max_tokens:
                 return False
@@ -422,6 +425,8 @@ class LLMEngine:
             finished=reason is not None, finish_reason=reason, stop_reason=stop_tok,
             num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=num_out,
             num_cached_tokens=seq.num_hit_tokens,
+            prompt_logprobs=[None, *seq.prompt_logprobs] if params.prompt_logprobs is not None and num_out == 1
+            else None,
         )
         if reason is not None:
             self.scheduler.finish(seq, reason)

@@ -15,6 +15,8 @@ import torch
 
 from g906.engine.context import ForwardContext, write_step_rows
 from g906.engine.prefill_graphs import MIN_TOKENS as MIN_PREFILL_GRAPH_TOKENS
+from g906.engine.prompt_logprobs import collect as collect_prompt_logprobs
+from g906.engine.prompt_logprobs import wants_prompt_logprobs
 from g906.engine.sampler import Sampler, SamplerRow, TokenLogprobs
 from g906.engine.scheduler import ScheduledBatch
 from g906.engine.sequence import Sequence
@@ -340,7 +342,8 @@ class ModelRunner:
                     ids = ids.index_select(0, idx.to(ids.device, non_blocking=True))
             logits, greedy = self.graphs.run_step(batch.seqs, input_ids=ids)
             sampling = list(range(len(batch.seqs)))
-        elif feed is None and self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
+        elif (feed is None and self.prefill_graphs is not None and self.prefill_graphs.can_run(batch)
+              and not wants_prompt_logprobs(batch)):
             # a short prefill step: padded static inputs, graph replay (g906/engine/prefill_graphs.py)
             sampling = [i for i in range(len(batch.seqs)) if batch.samples(i)]
             logits, greedy = self.prefill_graphs.run_step(batch.seqs, batch.num_new_tokens, sampling)
@@ -351,6 +354,8 @@ class ModelRunner:
                 raise ValueError("only graph-path decode steps take their input tokens from the device")
             input_ids, positions, ctx = self._context(batch)
             hidden = self.model.forward(input_ids, positions, ctx)
+            if wants_prompt_logprobs(batch):
+                collect_prompt_logprobs(batch, hidden, self.model.compute_logits)
             sampling = [i for i in range(len(batch.seqs)) if batch.samples(i)]
             if not sampling:
                 return PendingStep([], None)
@@ -364,7 +369,7 @@ class ModelRunner:
             rows.append(SamplerRow(
                 key=s.seq_id, params=p,
                 prompt_token_ids=s.prompt_token_ids if p.repetition_penalty != 1.0 else None,
-                output_token_ids=s.output_token_ids if p.has_penalties else None,
+                output_token_ids=s.output_token_ids if p.needs_history else None,
             ))
         return PendingStep([batch.seqs[i].seq_id for i in sampling],
                            self.sampler.launch(logits, rows, argmax=greedy, mask=self._masks(batch, sampling)))

@@ -47,6 +47,7 @@ class Plan:
     max_num_seqs: int
     max_num_batched_tokens: int | None
     gpu_memory_utilization: float
+    default_max_tokens: int | str | None = None   # as the recipe says (g906/serving/generation_defaults.py)
     mm_limits: dict[str, MediaLimitPlan] = field(default_factory=dict)  # "image"/"video" -> limit
     # engine and server
     engine_kind: Literal["embedded", "vllm"] = "embedded"

@@ -186,6 +186,7 @@ def _resolve(recipe: Recipe, recipe_path: str | os.PathLike | None, check_files:
         max_num_seqs=lim.max_num_seqs,
         max_num_batched_tokens=lim.max_num_batched_tokens,
         gpu_memory_utilization=lim.gpu_memory_utilization,
+        default_max_tokens=lim.default_max_tokens,
         mm_limits=mm,
         engine_kind=recipe.engine.kind,
         enforce_eager=recipe.engine.enforce_eager,

@@ -50,6 +50,7 @@ _TOKENS_JSON = {
     ]
 }
 TokenCount = Annotated[int | None, WithJsonSchema(_TOKENS_JSON)]
+_DEFAULT_MAX_JSON = {"anyOf": [*_TOKENS_JSON["anyOf"][:2], {"type": "string", "enum": ["context"]}, {"type": "null"}]}
 
 
 class ModelSection(_Strict):
@@ -110,6 +111,22 @@ class LimitsSection(_Strict):
     gpu_memory_utilization: float = Field(
         0.9, gt=0.0, le=1.0, description="Fraction of each GPU's memory the engine may use."
     )
+    default_max_tokens: Annotated[int | Literal["context"] | None, WithJsonSchema(_DEFAULT_MAX_JSON)] = Field(
+        None,
+        description="max_tokens of a chat request that sets none: a token count (\"2k\"-style text too), "
+        "\"context\" (the rest of the context), or unset: the model's generation_config.json max_new_tokens "
+        "(Hugging Face directories, as vLLM does), else the rest of the context.",
+    )
+
+    @field_validator("default_max_tokens", mode="before")
+    @classmethod
+    def _parse_default_max(cls, v):
+        if v is None or v == "context":
+            return v
+        n = parse_token_count(v)
+        if n < 1:
+            raise ValueError(f"must be at least 1 token (or \"context\"), got {n}")
+        return n
 
     @field_validator("max_model_len", mode="before")
     @classmethod

@@ -128,10 +128,13 @@ def build_app(plan: Plan) -> tuple[Any, ServerState]:
     from g906.server.app import ServerState, create_app
     from g906.server.cors import add_cors
 
+    from g906.serving.generation_defaults import default_max_tokens
+
     state = ServerState(served_model_name=plan.served_model_name, reasoning_parser=plan.reasoning_parser,
                         tool_parser=plan.tool_parser, architecture=plan.architecture,
                         api_key=api_key_from_env(plan), max_body_bytes=max_body_bytes(),
-                        body_timeout_s=plan.recipe.server.body_timeout_s)
+                        body_timeout_s=plan.recipe.server.body_timeout_s,
+                        default_max_tokens=default_max_tokens(plan))
     app = create_app(state)
     add_cors(app, plan.allowed_origins)
     return app, state
