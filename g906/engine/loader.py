@@ -20,17 +20,20 @@ def load_model(
     progress: bool = True,
     tensor_parallel_size: int = 1,
     devices: list[int] | None = None,
+    keep_mtp: bool = False,
 ) -> LoadedModel:
     """Load `source` (HF dir, GGUF file, builtin:NAME) onto `device` in `dtype`.
 
     chat_template overrides the model's own template: a path to a .jinja file or the template
-    text itself. tensor_parallel_size > 1 splits the model over that many worker processes
+    text itself. keep_mtp: keep the multi-token-prediction block's weights (speculative decoding
+    with method "mtp"). tensor_parallel_size > 1 splits the model over that many worker processes
     (g906.engine.parallel; `devices`: one GPU index per rank); .model is then a TPModel."""
     if int(tensor_parallel_size) > 1:
         from g906.engine.parallel import load_model_tp
 
         return load_model_tp(source, tensor_parallel_size=int(tensor_parallel_size), dtype=dtype, device=device,
-                             devices=devices, chat_template=chat_template, progress=progress)
+                             devices=devices, chat_template=chat_template, progress=progress,
+                             keep_mtp=keep_mtp)
     from g906.engine.models import model_class
 
     dev = torch.device(device) if device is not None else default_device()
@@ -38,7 +41,7 @@ def load_model(
     src, fmt = open_source(str(source))
     config = src.config()
     t0 = time.perf_counter()
-    model = model_class(config)(config, dtype=cdtype, device=dev)
+    model = model_class(config)(config, dtype=cdtype, device=dev, keep_mtp=keep_mtp)
     try:
         weights = src.weights(progress=progress)
     except TypeError:

@@ -52,6 +52,7 @@ class Plan:
     engine_kind: Literal["embedded", "vllm"] = "embedded"
     enforce_eager: bool = False
     reasoning_parser: str = "none"
+    speculative: dict[str, Any] | None = None   # vLLM's speculative_config (checked), None: off
     host: str = "127.0.0.1"
     port: int = 8000
     api_key_env: str | None = None

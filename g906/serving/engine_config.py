@@ -28,10 +28,12 @@ class ModelArgs:
     devices: list[int] | None = None   # GPU indices, one per tensor-parallel rank
     tensor_parallel_size: int = 1
     chat_template: str | None = None   # a template file overriding the model's
+    keep_mtp: bool = False             # keep the MTP block (speculative method "mtp")
 
     def load_kwargs(self) -> dict[str, Any]:
         return {"dtype": self.dtype, "device": self.device, "devices": self.devices,
-                "tensor_parallel_size": self.tensor_parallel_size, "chat_template": self.chat_template}
+                "tensor_parallel_size": self.tensor_parallel_size, "chat_template": self.chat_template,
+                "keep_mtp": self.keep_mtp}
 
 
 def model_source(plan: Plan) -> str:
@@ -53,6 +55,7 @@ def model_args_from_plan(plan: Plan) -> ModelArgs:
         source=model_source(plan), dtype=plan.dtype, device=plan_device(plan), devices=plan.devices,
         tensor_parallel_size=plan.tensor_parallel_size,
         chat_template=str(plan.chat_template_path) if plan.chat_template_path else None,
+        keep_mtp=(getattr(plan, "speculative", None) or {}).get("method") == "mtp",
     )
 
 
@@ -73,6 +76,7 @@ def engine_config_from_plan(plan: Plan, **overrides: Any) -> EngineConfig:
         max_waiting_requests=emb.max_waiting_requests,
         enforce_eager=bool(plan.enforce_eager),
         prefill_graph_tokens=emb.prefill_graph_tokens,
+        speculative=getattr(plan, "speculative", None),
     )
     fields = {f.name for f in dataclasses.fields(EngineConfig)}
     unknown = sorted(set(overrides) - fields)
