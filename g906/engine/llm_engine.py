@@ -137,6 +137,7 @@ class LLMEngine:
         self.config = config = config or EngineConfig()
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
+        self.speculative = spec = _speculative(config.speculative, self.model_config)
         model_max = int(self.model_config.max_position_embeddings or 4096)
         explicit_len = config.max_model_len is not None
         self.max_model_len = int(config.max_model_len or model_max)
@@ -147,7 +148,6 @@ class LLMEngine:
             # default context: what the cache budget can hold for one sequence, at most the model's
             self.max_model_len = self._fit_len(mbt)
         self.max_num_batched_tokens = mbt
-        self.speculative = spec = _speculative(config.speculative, self.model_config)
         self.runner = ModelRunner(
             loaded, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=mbt, max_model_len=self.max_model_len,

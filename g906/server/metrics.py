@@ -4,7 +4,7 @@ token counters fed by the async engine's observer."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
                     20.0, 40.0, 80.0)
@@ -33,10 +33,33 @@ class _EngineCollector:
         yield gauge("state_slots_total", "Linear-attention state slots in all.", "state_slots_total")
         yield gauge("num_preemptions", "Sequences preempted (recomputed) so far.", "num_preemptions")
         yield gauge("engine_steps", "Engine steps run so far.", "steps")
+        if "spec_num_drafts" in stats:
+            yield from _spec_metrics(stats, model)
         total = stats.get("kv_blocks_total", 0) or 1
         g = GaugeMetricFamily("g906:kv_cache_usage_perc", "Fraction of KV-cache blocks in use.", labels=["model_name"])
         g.add_metric([model], stats.get("kv_blocks_used", 0) / total)
         yield g
+
+
+def _spec_metrics(stats: dict, model: str):
+    """Speculative decoding's counters under vLLM's names (dashboards built for vLLM read them)."""
+    for key, name, doc in (
+        ("spec_num_drafts", "num_drafts", "Verify rows that carried drafts."),
+        ("spec_num_draft_tokens", "num_draft_tokens", "Draft tokens proposed."),
+        ("spec_num_accepted_tokens", "num_accepted_tokens", "Draft tokens accepted."),
+    ):
+        c = CounterMetricFamily(f"vllm:spec_decode_{name}", doc, labels=["model_name"])
+        c.add_metric([model], float(stats.get(key, 0)))
+        yield c
+    c = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by position.",
+                            labels=["model_name", "position"])
+    for pos, n in enumerate(stats.get("spec_accepted_per_pos", [])):
+        c.add_metric([model, str(pos)], float(n))
+    yield c
+    g = GaugeMetricFamily("g906:spec_decode_mean_acceptance_length",
+                          "Tokens emitted per verify row (1 + accepted drafts per draft).", labels=["model_name"])
+    g.add_metric([model], float(stats.get("spec_mean_acceptance_length", 0.0)))
+    yield g
 
 
 class Metrics:
