@@ -56,6 +56,7 @@ def plan_from_recipe(recipe: Recipe, recipe_path: Path | None = None) -> Plan:
         engine_kind=recipe.engine.kind, enforce_eager=recipe.engine.enforce_eager,
         reasoning_parser=recipe.engine.reasoning_parser, host=recipe.server.host, port=recipe.server.port,
         api_key_env=recipe.server.api_key_env, env=dict(recipe.env),
+        speculative=recipe.engine.speculative.config().to_vllm() if recipe.engine.speculative else None,
     )
 
 
