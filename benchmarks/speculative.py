@@ -20,7 +20,11 @@ pays the linear-attention rollback: the measured verify cost is the worst case. 
 
 Projected speedup at per-position acceptance a (drafts accepted independently, as the usual
 model): tokens per step E = (1 - a^(k+1)) / (1 - a); speedup = E * decode / (verify + draft).
-The issue's goal: verify <= 1.15x decode at k = 3 on the GPU for the 9B shape."""
+The issue's goal: verify <= 1.15x decode at k = 3 on the GPU for the 9B shape.
+
+--state-costs times the ways to end the linear-attention state at the last accepted token on
+one verify chunk: restore + replay (what the engine does), a recompute forward, and the state
+copies that keeping every position's state would write."""
 
 from __future__ import annotations
 
@@ -106,6 +110,62 @@ def measure(loaded, spec, *, batch: int, context: int, steps: int, dev: torch.de
     return out
 
 
+def state_costs(loaded, *, batch: int, k: int, context: int, reps: int, dev: torch.device) -> dict:
+    """The three ways to end the linear-attention state at the last accepted token, timed on one
+    verify chunk of k+1 tokens per sequence (ms): keep (the verify forward with the states kept,
+    against a plain one), replay (restore + recurrence over k accepted tokens: the worst case),
+    recompute (a forward over the k accepted tokens again) and per-position (k+1 copies of the
+    recurrent and conv states per layer: what keeping every position's state writes at least)."""
+    from g906.engine.cache import ModelCache
+    from g906.engine.context import ForwardContext
+
+    model, cfg = loaded.model, loaded.config
+    bs = 16
+    nb = batch * ((context + k + bs) // bs + 1)
+    cache = ModelCache.allocate(cfg, num_blocks=nb, block_size=bs, num_state_slots=batch, dtype=model.dtype,
+                                device=dev)
+    model.bind_cache(cache)
+    per = nb // batch
+    tables = torch.arange(nb, dtype=torch.int32, device=dev).view(batch, per)
+
+    def ctx(start: int, n: int, keep: bool) -> tuple:
+        i32 = dict(dtype=torch.int32, device=dev)
+        pos = torch.arange(start, start + n, device=dev).repeat(batch)
+        rows = torch.arange(batch, device=dev).repeat_interleave(n)
+        slots = (tables[rows, pos // bs].long() * bs + pos % bs)
+        c = ForwardContext(True, torch.arange(0, batch * n + 1, n, **i32), torch.full((batch,), start + n, **i32),
+                           torch.full((batch,), start, **i32), slots, tables, torch.arange(batch, **i32),
+                           torch.full((batch,), start > 0, dtype=torch.bool, device=dev), n, start + n,
+                           keep_linear_inputs=keep)
+        ids = torch.randint(0, cfg.vocab_size, (batch * n,), device=dev)
+        return ids, pos, c
+
+    model.forward(*ctx(0, context, False))            # the context, once
+
+    def timed(fn) -> float:
+        fn()
+        sync(dev)
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        sync(dev)
+        return (time.perf_counter() - t) / reps * 1e3
+
+    plain = timed(lambda: model.forward(*ctx(context, k + 1, False)))
+    kept = timed(lambda: model.forward(*ctx(context, k + 1, True)))
+    keep_n = torch.full((batch,), k, dtype=torch.int32, device=dev)
+
+    def replay():
+        model.forward(*ctx(context, k + 1, True))
+        model.rollback_linear_state(keep_n)
+
+    replay_ms = timed(replay) - kept
+    recompute = timed(lambda: model.forward(*ctx(context, k, False)))
+    per_pos = timed(lambda: [(cache.ssm.clone(), cache.conv.clone()) for _ in range(k + 1)])
+    return {"verify_plain_ms": plain, "verify_keep_ms": kept, "replay_ms": replay_ms,
+            "recompute_ms": recompute, "per_position_copies_ms": per_pos}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", default="qwen3.5-9b")
@@ -115,6 +175,8 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=512, help="tokens in each sequence before the timed steps")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--ks", default="1,2,3")
+    ap.add_argument("--state-costs", action="store_true",
+                    help="only time the ways to end the linear-attention state at the last accepted token")
     ap.add_argument("--quick", action="store_true", help="a tiny shape and short lengths (CPU smoke run)")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="directory or .json file for the results")
     args = ap.parse_args(argv)
@@ -128,6 +190,13 @@ def main(argv=None) -> int:
     res = {"shape": args.shape + (" (quick)" if args.quick else ""), "quant": args.quant, "device": str(dev),
            "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None, "batch": args.batch,
            "context": args.context, "steps": args.steps, "rows": []}
+    if args.state_costs:
+        for k in [int(k) for k in args.ks.split(",")]:
+            c = state_costs(loaded, batch=args.batch, k=k, context=args.context, reps=args.steps, dev=dev)
+            print(f"k={k} state: verify {c['verify_plain_ms']:.2f} ms, with states kept {c['verify_keep_ms']:.2f} ms; "
+                  f"rollback by replay {c['replay_ms']:.2f} ms, by recompute {c['recompute_ms']:.2f} ms, "
+                  f"per-position state copies {c['per_position_copies_ms']:.2f} ms")
+        return 0
     # n-gram rows: k drafts every step whatever the text (the verify cost at full draft length)
     from g906.engine.spec import decoder
 
