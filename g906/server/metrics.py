@@ -82,13 +82,14 @@ class Metrics:
         self.http_errors = Counter("g906:http_errors", "Error responses by status.", ["status"], registry=r)
 
     # observer
-    def on_first_token(self, seconds: float) -> None:
+    def on_first_token(self, seconds: float, n: int = 1) -> None:
         self.ttft.observe(seconds)
-        self.generation_tokens.inc()
+        self.generation_tokens.inc(n)
 
-    def on_token(self, seconds: float) -> None:
+    def on_token(self, seconds: float, n: int = 1) -> None:
+        """n tokens arrived together (a speculative step): one gap observed, n tokens counted."""
         self.itl.observe(seconds)
-        self.generation_tokens.inc()
+        self.generation_tokens.inc(n)
 
     def on_finish(self, out) -> None:
         self._finished.labels(self.model, out.finish_reason or "unknown").inc()

@@ -68,6 +68,7 @@ def test_speculative_server(gguf, tmp_path):
     s = next(gen)
     assert _ask(s) == want
     m = s.metrics()
+    assert m["g906:generation_tokens_total"] == 2 * 24 + 5        # several tokens per step, all counted
     assert m["vllm:spec_decode_num_drafts_total"] > 0
     assert 0 < m["vllm:spec_decode_num_accepted_tokens_total"] < m["vllm:spec_decode_num_draft_tokens_total"]
     text = httpx.get(s.url + "/metrics", timeout=10).text
