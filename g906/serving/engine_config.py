@@ -31,9 +31,11 @@ class ModelArgs:
     keep_mtp: bool = False             # keep the MTP block (speculative method "mtp")
 
     def load_kwargs(self) -> dict[str, Any]:
-        return {"dtype": self.dtype, "device": self.device, "devices": self.devices,
-                "tensor_parallel_size": self.tensor_parallel_size, "chat_template": self.chat_template,
-                "keep_mtp": self.keep_mtp}
+        kw = {"dtype": self.dtype, "device": self.device, "devices": self.devices,
+              "tensor_parallel_size": self.tensor_parallel_size, "chat_template": self.chat_template}
+        if self.keep_mtp:
+            kw["keep_mtp"] = True
+        return kw
 
 
 def model_source(plan: Plan) -> str:
