@@ -78,6 +78,7 @@ GGUF_FACT_KEYS = {
     "context_length": "context_length",
     "full_attention_interval": "full_attention_interval",
     "vocab_size": "vocab_size",
+    "nextn_predict_layers": "num_mtp_layers",
 }
 
 

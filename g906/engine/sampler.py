@@ -130,6 +130,22 @@ class Sampler:
         vals = vals.masked_fill(mask, float("-inf"))
         return torch.full_like(logits, float("-inf")).scatter(1, order, vals)
 
+    def distribution(self, logits: torch.Tensor, rows: list[SamplerRow]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(penalised logits, sampling probabilities) of each row, exactly as launch() computes
+        them before its draw: the argmax of the first is a greedy row's token; the second (None
+        when every row is greedy) has temperature, top-k, top-p and min-p applied. Speculative
+        verification (g906/engine/spec) samples from these."""
+        logits = logits.float()
+        params = [r.params for r in rows]
+        x = self._penalize(logits, rows)
+        if all(p.greedy for p in params):
+            return x, None
+        return x, torch.softmax(self._filter(x, params), dim=-1)
+
+    def generator_for(self, row: SamplerRow) -> torch.Generator:
+        """The generator row's random draws come from: its own when seeded, else the shared one."""
+        return self._generator(row) if row.params.seed is not None else self._shared
+
     def __call__(self, logits: torch.Tensor, rows: list[SamplerRow]) -> tuple[list[int], list[TokenLogprobs | None]]:
         return self.launch(logits, rows).result()
 

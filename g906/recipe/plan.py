@@ -54,6 +54,7 @@ class Plan:
     enforce_eager: bool = False
     reasoning_parser: str = "none"
     tool_parser: str = "auto"
+    speculative: dict[str, Any] | None = None   # vLLM's speculative_config (checked), None: off
     host: str = "127.0.0.1"
     port: int = 8000
     api_key_env: str | None = None

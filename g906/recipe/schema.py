@@ -236,6 +236,45 @@ class EmbeddedOptions(_Strict):
         return v
 
 
+class SpeculativeSection(_Strict):
+    """vLLM's speculative_config as a table (the vLLM hand-off passes it as --speculative-config)."""
+    method: str = Field(
+        description="mtp: the model's own multi-token-prediction block (vLLM's model-specific names such as "
+        "qwen3_next_mtp are accepted); ngram: prompt lookup (drafts what followed the last occurrence of the "
+        "output's own suffix)."
+    )
+    num_speculative_tokens: int = Field(ge=1, le=16, description="Draft tokens verified per step (k).")
+    prompt_lookup_min: int | None = Field(None, ge=1, description="ngram: shortest suffix that may match.")
+    prompt_lookup_max: int | None = Field(None, ge=1, description="ngram: longest suffix, tried first.")
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, v: str) -> str:
+        from g906.arch.speculative import SpeculativeConfigError, normalise_method
+
+        try:
+            normalise_method(v)
+        except SpeculativeConfigError as exc:
+            raise ValueError(str(exc).split(": ", 1)[-1]) from None
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "SpeculativeSection":
+        from g906.arch.speculative import SpeculativeConfig, SpeculativeConfigError
+
+        try:
+            SpeculativeConfig.parse(self.model_dump(exclude_none=True))
+        except SpeculativeConfigError as exc:
+            raise ValueError(str(exc).replace("speculative_config.", "", 1)) from None
+        return self
+
+    def config(self):
+        """The checked SpeculativeConfig (g906.arch.speculative)."""
+        from g906.arch.speculative import SpeculativeConfig
+
+        return SpeculativeConfig.parse(self.model_dump(exclude_none=True))
+
+
 class EngineSection(_Strict):
     kind: Literal["embedded", "vllm"] = Field(
         "embedded", description="embedded = g906's own engine; vllm = hand over to an installed vLLM."
@@ -249,6 +288,9 @@ class EngineSection(_Strict):
     reasoning_parser: Literal["none", "auto", "qwen3"] = Field(
         "none", description="qwen3 splits <think>...</think> into reasoning_content; auto: the model "
         "architecture's own parser (qwen3 for Qwen3.5)."
+    )
+    speculative: SpeculativeSection | None = Field(
+        None, description="Speculative decoding (vLLM's speculative_config): the MTP head or n-gram lookup."
     )
     embedded: EmbeddedOptions = Field(default_factory=EmbeddedOptions, description="Options of the embedded engine.")
     vllm: VllmOptions = Field(default_factory=VllmOptions, description="Options of the vLLM handoff.")

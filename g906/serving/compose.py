@@ -85,8 +85,10 @@ def llm_from_plan(plan: Plan, *, progress: bool = False, warm_up: bool = False, 
     from g906.engine.llm import LLM
 
     args = model_args_from_plan(plan)
+    kw = args.load_kwargs()
+    kw.pop("keep_mtp", None)          # LLM keeps the MTP block when the config's speculation asks for it
     return LLM.from_config(args.source, engine_config_from_plan(plan, **engine_overrides), progress=progress,
-                           warm_up=warm_up, **args.load_kwargs())
+                           warm_up=warm_up, **kw)
 
 
 def open_recipe_model(recipe_path: Path, *, dtype: str = "auto", device: str | None = None,

@@ -49,10 +49,11 @@ _ACTIVE: list["TPGroup"] = []
 
 
 def load_rank(source: str, comm: Comm, *, dtype: torch.dtype, device, progress: bool = False, src=None,
-              max_model_len: int | None = None):
+              max_model_len: int | None = None, keep_mtp: bool = False):
     """Open `source` (unless `src` is the opened source) and load this rank's share:
     (model, source object, global config, stats). Position tables are sized for at most
-    max_model_len, as on one device (bound_positions)."""
+    max_model_len, as on one device (bound_positions). keep_mtp: keep the MTP block's weights
+    whole (rank 0 drafts with them; the workers never need them)."""
     from g906.engine.sources import open_source
     from g906.engine.parallel.layers import build_rank_model
     from g906.engine.parallel.sharding import shard_weights
@@ -61,7 +62,7 @@ def load_rank(source: str, comm: Comm, *, dtype: torch.dtype, device, progress: 
         src = open_synthetic(source, dtype, device) if is_synthetic(source) else open_source(str(source))[0]
     config = bound_positions(src.config(), max_model_len, source=str(source))
     check_tp_size(config, comm.size)
-    model = build_rank_model(config, comm, dtype=dtype, device=device)
+    model = build_rank_model(config, comm, dtype=dtype, device=device, keep_mtp=keep_mtp)
     try:
         weights = src.weights(progress=progress)
     except TypeError:
@@ -364,6 +365,19 @@ class TPModel(nn.Module):
             full = self.group.comm.gather_rows(rank_logits(self.inner, hidden))
         return full[:, : self.global_config.vocab_size]
 
+    @torch.inference_mode()
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The token embeddings (vocab-parallel: every rank adds its rows in an all-reduce)."""
+        with self.group.collective("embed"):
+            self.group.channel.send("embed", {}, {"ids": input_ids})
+            return self.inner.embed(input_ids)
+
+    def rollback_linear_state(self, keep: torch.Tensor) -> None:
+        """Qwen35ForCausalLM.rollback_linear_state on every rank (each holds its heads' states)."""
+        with self.group.collective("rollback"):
+            self.group.channel.send("rollback", {}, {"keep": keep})
+            self.inner.rollback_linear_state(keep)
+
     def bind_cache(self, cache) -> None:
         with self.group.collective("cache"):
             self.group.channel.send("cache", {
@@ -423,7 +437,8 @@ def _devices(tp: int, device, devices) -> list[torch.device]:
 
 
 def load_model_tp(source: str, *, tensor_parallel_size: int, dtype="auto", device=None, devices=None,
-                  chat_template: str | None = None, progress: bool = True, max_model_len: int | None = None):
+                  chat_template: str | None = None, progress: bool = True, max_model_len: int | None = None,
+                  keep_mtp: bool = False):
     """load_model for tensor_parallel_size > 1: a LoadedModel whose .model is a TPModel.
     `devices`: GPU indices, one per rank (default: consecutive from `device`)."""
     from g906.engine.device import resolve_dtype
@@ -450,7 +465,7 @@ def load_model_tp(source: str, *, tensor_parallel_size: int, dtype="auto", devic
     try:
         group.launch(source, cdtype, max_model_len)
         model, src, config, stats = load_rank(source, group.comm, dtype=cdtype, device=devs[0], progress=progress,
-                                              src=src, max_model_len=max_model_len)
+                                              src=src, max_model_len=max_model_len, keep_mtp=keep_mtp)
         group.wait_for("loaded", STARTUP_TIMEOUT_S * 4, "load its weights")
     except BaseException:
         group.close(graceful=False)       # workers may still be loading: no command, just EOF

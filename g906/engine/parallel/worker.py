@@ -103,6 +103,10 @@ def serve(comm, model) -> None:
             kwargs = {k[3:]: v for k, v in t.items() if k.startswith("kw.")}
             kwargs.update(meta.get("kw", {}))
             model.forward(t["input_ids"], t["positions"], ctx, **kwargs)
+        elif cmd == "embed":
+            model.embed(t["ids"])
+        elif cmd == "rollback":
+            model.rollback_linear_state(t["keep"])
         elif cmd == "logits":
             comm.gather_rows(rank_logits(model, t["hidden"]))
         elif cmd == "cache":
