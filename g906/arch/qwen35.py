@@ -78,6 +78,7 @@ GGUF_FACT_KEYS = {
     "context_length": "context_length",
     "full_attention_interval": "full_attention_interval",
     "vocab_size": "vocab_size",
+    "nextn_predict_layers": "num_mtp_layers",
 }
 
 
@@ -228,7 +229,9 @@ def gguf_config(md: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]], so
         raise G906Error(f"{source}: {exc.message}", hint=exc.hint) from None
 
 
-def gguf_to_hf(gguf_name: str, c: ModelConfig) -> tuple[str, str] | None:
+def map_gguf_name(gguf_name: str, c: ModelConfig, layer_map: Mapping[str, tuple[str, str]]) -> tuple[str, str] | None:
+    """GGUF tensor name -> (HF name, transform) with `layer_map` for the per-layer tensors (the
+    hybrid stack's globals and MTP block-level tensors are shared by the qwen35 family)."""
     if gguf_name in GLOBAL_MAP:
         return GLOBAL_MAP[gguf_name]
     m = re.match(r"^blk\.(\d+)\.(.+)$", gguf_name)
@@ -237,17 +240,21 @@ def gguf_to_hf(gguf_name: str, c: ModelConfig) -> tuple[str, str] | None:
     b, suf = int(m.group(1)), m.group(2)
     L = c.num_hidden_layers
     if b < L:
-        if suf in LAYER_MAP:
-            hf, tr = LAYER_MAP[suf]
+        if suf in layer_map:
+            hf, tr = layer_map[suf]
             return f"model.layers.{b}.{hf}", tr
         return None
     if b < L + c.num_mtp_layers:
         if suf in NEXTN_MAP:
             return NEXTN_MAP[suf]
-        if suf in LAYER_MAP and suf not in LINEAR_ONLY:
-            hf, tr = LAYER_MAP[suf]
+        if suf in layer_map and suf not in LINEAR_ONLY:
+            hf, tr = layer_map[suf]
             return f"mtp.layers.{b - L}.{hf}", tr
     return None
+
+
+def gguf_to_hf(gguf_name: str, c: ModelConfig) -> tuple[str, str] | None:
+    return map_gguf_name(gguf_name, c, LAYER_MAP)
 
 
 def _block_shapes(c: ModelConfig) -> dict[str, dict[str, tuple[int, ...]]]:
@@ -275,45 +282,61 @@ def _block_shapes(c: ModelConfig) -> dict[str, dict[str, tuple[int, ...]]]:
     }
 
 
-def gguf_shapes(c: ModelConfig, present: Any = None) -> dict[str, tuple[int, ...]]:
-    """Every tensor a qwen35 GGUF file must hold, with its shape (torch order)."""
+def stack_shapes(c: ModelConfig, mlp: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Every main-layer and global tensor of a qwen35-family GGUF file, with its shape (torch
+    order); `mlp`: the per-layer MLP tensors (with the two norms) of the family member."""
     blocks = _block_shapes(c)
     H = c.hidden_size
     exp: dict[str, tuple[int, ...]] = {"token_embd.weight": (c.vocab_size, H), "output_norm.weight": (H,)}
     if not c.tie_word_embeddings:
         exp["output.weight"] = (c.vocab_size, H)
     for i, kind in enumerate(c.layer_types):
-        for suf, shp in {**blocks["mlp"], **blocks[kind]}.items():
+        for suf, shp in {**mlp, **blocks[kind]}.items():
             exp[f"blk.{i}.{suf}"] = shp
     return exp
 
 
-def gguf_mtp_shapes(c: ModelConfig, present: Any = None) -> dict[str, tuple[int, ...]]:
-    """The MTP blocks' tensors (a full-attention layer plus the block-level projections)."""
+def mtp_stack_shapes(c: ModelConfig, mlp: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """The MTP blocks' tensors: a full-attention layer with `mlp`, plus the block-level projections."""
     H, L = c.hidden_size, c.num_hidden_layers
     out: dict[str, tuple[int, ...]] = {}
     if c.num_mtp_layers:
         out.update({f"blk.{L}.nextn.eh_proj.weight": (H, 2 * H), f"blk.{L}.nextn.enorm.weight": (H,),
                     f"blk.{L}.nextn.hnorm.weight": (H,), f"blk.{L}.nextn.shared_head_norm.weight": (H,)})
-    blocks = _block_shapes(c)
+    full = _block_shapes(c)["full_attention"]
     for j in range(c.num_mtp_layers):
-        for suf, shp in {**blocks["mlp"], **blocks["full_attention"]}.items():
+        for suf, shp in {**mlp, **full}.items():
             out[f"blk.{L + j}.{suf}"] = shp
     return out
 
 
-def hf_shapes(c: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
-    """(HF name, shape) of every weight of the text model, MTP blocks included, through the GGUF
-    table so that the two namings cannot drift apart."""
-    for table in (gguf_shapes(c), gguf_mtp_shapes(c)):
+def gguf_shapes(c: ModelConfig, present: Any = None) -> dict[str, tuple[int, ...]]:
+    """Every tensor a qwen35 GGUF file must hold, with its shape (torch order)."""
+    return stack_shapes(c, _block_shapes(c)["mlp"])
+
+
+def gguf_mtp_shapes(c: ModelConfig, present: Any = None) -> dict[str, tuple[int, ...]]:
+    """The MTP blocks' tensors (a full-attention layer plus the block-level projections)."""
+    return mtp_stack_shapes(c, _block_shapes(c)["mlp"])
+
+
+def hf_shapes_of(tables, to_hf, c: ModelConfig, reshape=None) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """(HF name, shape) of every tensor in GGUF shape `tables`, through `to_hf`, so that the two
+    namings cannot drift apart; reshape(hf_name, shape) adjusts family-specific layouts."""
+    for table in tables:
         for gguf_name, shape in table.items():
-            mapped = gguf_to_hf(gguf_name, c)
+            mapped = to_hf(gguf_name, c)
             if mapped is None:
                 continue
             hf, tr = mapped
             if tr == "conv":
                 shape = (shape[0], 1, shape[1])
-            yield hf, shape
+            yield hf, (reshape(hf, shape) if reshape else shape)
+
+
+def hf_shapes(c: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """(HF name, shape) of every weight of the text model, MTP blocks included."""
+    return hf_shapes_of((gguf_shapes(c), gguf_mtp_shapes(c)), gguf_to_hf, c)
 
 
 ARCH = Architecture(

@@ -20,7 +20,6 @@ up_proj / down_proj (3-D)."""
 
 from __future__ import annotations
 
-import re
 from typing import Any, Iterator, Mapping
 
 from g906.arch import qwen35
@@ -92,25 +91,7 @@ def config_from_gguf(md: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]
 
 
 def gguf_to_hf(gguf_name: str, c: ModelConfig) -> tuple[str, str] | None:
-    if gguf_name in qwen35.GLOBAL_MAP:
-        return qwen35.GLOBAL_MAP[gguf_name]
-    m = re.match(r"^blk\.(\d+)\.(.+)$", gguf_name)
-    if not m:
-        return None
-    b, suf = int(m.group(1)), m.group(2)
-    L = c.num_hidden_layers
-    if b < L:
-        if suf in LAYER_MAP:
-            hf, tr = LAYER_MAP[suf]
-            return f"model.layers.{b}.{hf}", tr
-        return None
-    if b < L + c.num_mtp_layers:
-        if suf in qwen35.NEXTN_MAP:
-            return qwen35.NEXTN_MAP[suf]
-        if suf in LAYER_MAP and suf not in qwen35.LINEAR_ONLY:
-            hf, tr = LAYER_MAP[suf]
-            return f"mtp.layers.{b - L}.{hf}", tr
-    return None
+    return qwen35.map_gguf_name(gguf_name, c, LAYER_MAP)
 
 
 def moe_shapes(c: ModelConfig, *, gate_up_stacked: bool = False) -> dict[str, tuple[int, ...]]:
@@ -137,45 +118,21 @@ def _stacked(shapes_seen: Mapping[str, Any] | None) -> bool:
 def gguf_shapes(c: ModelConfig, present: Mapping[str, Any] | None = None) -> dict[str, tuple[int, ...]]:
     """Every tensor a qwen35moe GGUF file must hold, with its shape (torch order). present: the
     file's tensor names (a file with ffn_gate_up_exps is checked for that form)."""
-    blocks = qwen35._block_shapes(c)
-    moe = moe_shapes(c, gate_up_stacked=_stacked(present))
-    H = c.hidden_size
-    exp: dict[str, tuple[int, ...]] = {"token_embd.weight": (c.vocab_size, H), "output_norm.weight": (H,)}
-    if not c.tie_word_embeddings:
-        exp["output.weight"] = (c.vocab_size, H)
-    for i, kind in enumerate(c.layer_types):
-        for suf, shp in {**moe, **blocks[kind]}.items():
-            exp[f"blk.{i}.{suf}"] = shp
-    return exp
+    return qwen35.stack_shapes(c, moe_shapes(c, gate_up_stacked=_stacked(present)))
 
 
 def gguf_mtp_shapes(c: ModelConfig, present: Mapping[str, Any] | None = None) -> dict[str, tuple[int, ...]]:
-    H, L = c.hidden_size, c.num_hidden_layers
-    out: dict[str, tuple[int, ...]] = {}
-    if c.num_mtp_layers:
-        out.update({f"blk.{L}.nextn.eh_proj.weight": (H, 2 * H), f"blk.{L}.nextn.enorm.weight": (H,),
-                    f"blk.{L}.nextn.hnorm.weight": (H,), f"blk.{L}.nextn.shared_head_norm.weight": (H,)})
-    blocks = qwen35._block_shapes(c)
-    moe = moe_shapes(c, gate_up_stacked=_stacked(present))
-    for j in range(c.num_mtp_layers):
-        for suf, shp in {**moe, **blocks["full_attention"]}.items():
-            out[f"blk.{L + j}.{suf}"] = shp
-    return out
+    return qwen35.mtp_stack_shapes(c, moe_shapes(c, gate_up_stacked=_stacked(present)))
+
+
+def _hf_layout(hf: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    return (1, shape[0]) if hf.endswith("shared_expert_gate.weight") else shape
 
 
 def hf_shapes(c: ModelConfig) -> Iterator[tuple[str, tuple[int, ...]]]:
     """(HF name, shape) of every weight, experts fused as transformers holds them."""
-    for table in (gguf_shapes(c, {"blk.0.ffn_gate_up_exps.weight": None}), gguf_mtp_shapes(c)):
-        for gguf_name, shape in table.items():
-            mapped = gguf_to_hf(gguf_name, c)
-            if mapped is None:
-                continue
-            hf, tr = mapped
-            if tr == "conv":
-                shape = (shape[0], 1, shape[1])
-            if hf.endswith("shared_expert_gate.weight"):
-                shape = (1, shape[0])
-            yield hf, shape
+    fused = {"blk.0.ffn_gate_up_exps.weight": None}
+    return qwen35.hf_shapes_of((gguf_shapes(c, fused), gguf_mtp_shapes(c)), gguf_to_hf, c, _hf_layout)
 
 
 def expert_tensor(hf_name: str) -> bool:

@@ -61,6 +61,7 @@ MANAGED_FLAGS: dict[str, str] = {
     "--gpu-memory-utilization": "limits.gpu_memory_utilization",
     "--dtype": "model.dtype",
     "--enforce-eager": "engine.enforce_eager",
+    "--speculative-config": "engine.speculative",
     "--no-enforce-eager": "engine.enforce_eager",
     "--reasoning-parser": "engine.reasoning_parser",
     "--enable-reasoning": "engine.reasoning_parser",
@@ -361,6 +362,9 @@ def _translate(plan, install: VllmInstall, environ: Mapping[str, str]) -> _Built
 
     if plan.enforce_eager:
         flag("--enforce-eager", None, "engine.enforce_eager")
+    spec = getattr(plan, "speculative", None)
+    if spec:
+        flag("--speculative-config", json.dumps(spec, separators=(",", ":")), "engine.speculative")
 
     parser, problem = _reasoning(plan, install)
     if problem:

@@ -46,6 +46,8 @@ _FLAGS: tuple[FlagInfo, ...] = (
                   'format with options ({"image": {"count": 5, "width": 512, "height": 512}}).'),
     FlagInfo(["--skip-mm-profiling", "--no-skip-mm-profiling"],
              help="Skip the multimodal memory profiling at start-up."),
+    FlagInfo(["--speculative-config", "-sc"], "SPECULATIVE_CONFIG",
+             help="Speculative decoding configuration (JSON)."),
 )
 
 

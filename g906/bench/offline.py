@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 
 def open_model(*, model: str | None = None, shape: str | None = None, quant: str = "f16", dtype: str = "auto",
-               device: str | None = None, overrides: dict | None = None, seed: int = 906, progress: bool = False):
+               device: str | None = None, overrides: dict | None = None, seed: int = 906, progress: bool = False,
+               keep_mtp: bool = False):
     """A LoadedModel from one of: a model source, a synthetic shape (a recipe's model comes from
     g906.serving.open_recipe_model)."""
     if (model is None) == (shape is None):
@@ -38,7 +39,7 @@ def open_model(*, model: str | None = None, shape: str | None = None, quant: str
         return build_synthetic(shape, quant=quant, dtype=dtype, device=device, overrides=overrides, seed=seed)
     from g906.engine.loader import load_model
 
-    return add_weight_stats(load_model(str(model), dtype=dtype, device=device, progress=progress))
+    return add_weight_stats(load_model(str(model), dtype=dtype, device=device, progress=progress, keep_mtp=keep_mtp))
 
 
 def add_weight_stats(loaded):
@@ -54,12 +55,13 @@ def make_engine(loaded, workload: Workload, *, base: EngineConfig | None = None,
                 max_num_seqs: int | None = None, max_model_len: int | None = None,
                 max_num_batched_tokens: int | None = None, gpu_memory_utilization: float = 0.9,
                 num_kv_blocks: int | None = None, block_size: int = 16, prefill_graph_tokens: int | None = None,
-                enable_prefix_caching: bool | None = None):
+                enable_prefix_caching: bool | None = None, speculative: Any = "base"):
     """An LLMEngine sized for the workload, or with `base`'s limits (a recipe's EngineConfig,
     g906.serving.engine_config_from_plan) when given: then only enforce_eager (when set),
     num_kv_blocks and prefill_graph_tokens (when not None) change it.
     prefill_graph_tokens None: base's, else the engine's default; 0: eager prefill.
-    enable_prefix_caching None: base's, else the engine's default (on)."""
+    enable_prefix_caching None: base's, else the engine's default (on).
+    speculative: a speculative_config (vLLM's dict), None (off), or "base" (base's, else off)."""
     from g906.engine.llm_engine import EngineConfig, LLMEngine
 
     extra: dict[str, Any] = {}
@@ -67,6 +69,8 @@ def make_engine(loaded, workload: Workload, *, base: EngineConfig | None = None,
         extra["prefill_graph_tokens"] = int(prefill_graph_tokens)
     if enable_prefix_caching is not None:
         extra["enable_prefix_caching"] = bool(enable_prefix_caching)
+    if speculative != "base":
+        extra["speculative"] = speculative
     if base is not None:
         if num_kv_blocks is not None:
             extra["num_kv_blocks"] = num_kv_blocks
@@ -174,7 +178,7 @@ def run_offline(engine, workload: Workload, *, on_progress: Callable[[int, int],
             prefill_tok += took
         else:
             decode_s += te - ts
-            decode_tok += len(outs)
+            decode_tok += sum(len(o.new_token_ids) for o in outs)    # several per step when speculating
         for out in outs:
             rec = records[out.request_id]
             n = len(out.new_token_ids)
@@ -196,6 +200,22 @@ def run_offline(engine, workload: Workload, *, on_progress: Callable[[int, int],
     res["engine"] = dict(engine.describe(), graphs=graphs.describe() if graphs is not None else None,
                          prefill_graphs=pgraphs.describe() if pgraphs is not None else None)
     return res
+
+
+def speculative_figures(engine, spec_res: dict, plain_res: dict) -> dict:
+    """Mean acceptance length and the speedup over the same workload without speculation."""
+    st = engine.spec.metrics
+    drafted = st.num_draft_tokens
+    a, b = spec_res.get("output_tok_s"), plain_res.get("output_tok_s")
+    return {
+        "config": engine.speculative.to_vllm(),
+        "drafts": st.num_drafts, "draft_tokens": drafted, "accepted_tokens": st.num_accepted_tokens,
+        "acceptance_rate": round(st.num_accepted_tokens / drafted, 4) if drafted else None,
+        "accepted_per_pos": list(st.accepted_per_pos),
+        "mean_acceptance_length": round(st.mean_acceptance_length, 3),
+        "baseline_output_tok_s": b, "baseline_decode_tok_s": plain_res.get("decode_tok_s"),
+        "speedup": round(a / b, 3) if a and b else None,
+    }
 
 
 def bandwidth_figures(res: dict, loaded, workload: Workload, bandwidth: float | None) -> dict | None:

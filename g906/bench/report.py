@@ -42,6 +42,14 @@ def result_rows(res: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("decode limit", _f(bw.get("limit_tok_s"), "{:,.1f} tok/s")))
         if bw.get("pct_of_limit") is not None:
             rows.append(("% of bandwidth limit", _f(bw["pct_of_limit"], "{:.1f}%")))
+    sp = res.get("speculative")
+    if sp:
+        c = sp["config"]
+        rows.append(("speculative", f"{c['method']}, k = {c['num_speculative_tokens']}"))
+        rows.append(("mean acceptance length", _f(sp.get("mean_acceptance_length"), "{:.2f}")
+                     + f" (drafts accepted {_f(sp.get('acceptance_rate'), '{:.1%}')})"))
+        rows.append(("without speculation", _f(sp.get("baseline_output_tok_s")) + " output tok/s"))
+        rows.append(("speedup", _f(sp.get("speedup"), "{:.2f}x")))
     eng = res.get("engine") or {}
     g = eng.get("graphs")
     if g is not None:

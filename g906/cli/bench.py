@@ -16,6 +16,7 @@ import math
 import typer
 
 from g906.cli.output import console, err_console, print_json
+from g906.arch.speculative import MTP_METHODS
 from g906.errors import UsageError
 
 
@@ -30,12 +31,29 @@ def _progress(enabled: bool, total: int, label: str):
     return prog, (lambda done, tot: prog.update(task, completed=done))
 
 
+def _speculative_option(text: str | None) -> dict | None:
+    """--speculative-config: vLLM's JSON, checked here (a typo is a usage error, not a traceback)."""
+    if not text:
+        return None
+    import json
+
+    from g906.arch.speculative import SpeculativeConfig, SpeculativeConfigError
+
+    try:
+        return SpeculativeConfig.parse(json.loads(text)).to_vllm()
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--speculative-config is not JSON: {exc}",
+                         hint='e.g. \'{"method": "ngram", "num_speculative_tokens": 3}\'') from None
+    except (SpeculativeConfigError, TypeError) as exc:
+        raise UsageError(f"--speculative-config: {exc}") from None
+
+
 def run_bench(*, model, recipe, shape, quant, overrides, url, served_model, api_key, prompt_mode, vocab,
               num_requests, prompt_len, output_len, concurrency, request_rate, ignore_eos, temperature, seed,
               dtype, device, enforce_eager, prefill_graphs, max_num_seqs, max_model_len, max_num_batched_tokens,
               gpu_memory_utilization, num_kv_blocks, as_json, no_progress, measure_bandwidth,
               write_gguf=None, multi_turn: int = 0, turn_len: int = 512, keep_answer: bool = True,
-              prefix_caching: bool | None = None) -> int:
+              prefix_caching: bool | None = None, speculative_config=None) -> int:
     from g906.bench.metrics import LengthSpec, Workload
 
     wl = Workload(num_requests=num_requests, prompt_len=LengthSpec.parse(prompt_len, "--prompt-len"),
@@ -81,6 +99,7 @@ def run_bench(*, model, recipe, shape, quant, overrides, url, served_model, api_
         if not as_json:
             err_console.print("[dim]loading the model...[/]")
         progress = not as_json and not no_progress
+        spec = _speculative_option(speculative_config)
         base = None
         if recipe:
             from g906.serving import open_recipe_model
@@ -88,7 +107,8 @@ def run_bench(*, model, recipe, shape, quant, overrides, url, served_model, api_
             loaded, base = open_recipe_model(recipe, dtype=dtype, device=device, progress=progress)
         else:
             loaded = open_model(model=model or None, shape=shape or None, quant=quant, dtype=dtype, device=device,
-                                overrides=parse_overrides(overrides), seed=seed, progress=progress)
+                                overrides=parse_overrides(overrides), seed=seed, progress=progress,
+                                keep_mtp=(spec or {}).get("method") in MTP_METHODS)
         mt = None
         if multi_turn:
             from g906.bench.metrics import Workload
@@ -104,7 +124,8 @@ def run_bench(*, model, recipe, shape, quant, overrides, url, served_model, api_
                              max_num_seqs=max_num_seqs,
                              max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
                              gpu_memory_utilization=gpu_memory_utilization, num_kv_blocks=num_kv_blocks,
-                             enable_prefix_caching=prefix_caching)
+                             enable_prefix_caching=prefix_caching,
+                             speculative=spec if spec is not None else "base")
         if mt is not None:
             from g906.bench.multiturn import print_multiturn, run_multiturn
 
@@ -129,6 +150,19 @@ def run_bench(*, model, recipe, shape, quant, overrides, url, served_model, api_
         finally:
             if prog:
                 prog.stop()
+        if engine.spec is not None:
+            # the same workload without speculation, on the same weights: the speedup
+            from g906.bench.offline import speculative_figures
+
+            if not as_json:
+                err_console.print("[dim]the same workload without speculative decoding...[/]")
+            spec_engine, engine = engine, None
+            plain = make_engine(loaded, wl, base=base, enforce_eager=enforce_eager,
+                                prefill_graph_tokens=prefill_graphs, max_num_seqs=max_num_seqs,
+                                max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
+                                gpu_memory_utilization=gpu_memory_utilization, num_kv_blocks=num_kv_blocks,
+                                speculative=None)
+            res["speculative"] = speculative_figures(spec_engine, res, run_offline(plain, wl))
         res.update(mode="offline", target=loaded.info.get("source"), workload=wl.describe(),
                    model={k: v for k, v in loaded.info.items() if k not in ("note",)})
         res["bandwidth"] = bandwidth_figures(res, loaded, wl, bandwidth)
@@ -179,6 +213,10 @@ def register(app: typer.Typer) -> None:
         turn_len: int = typer.Option(512, "--turn-len", min=0, help="With --multi-turn: new prompt tokens per turn."),
         keep_answer: bool = typer.Option(True, "--keep-answer/--drop-answer", help="With --multi-turn: whether the next turn re-sends the previous answer."),
         prefix_caching: bool | None = typer.Option(None, "--prefix-caching/--no-prefix-caching", show_default=False, help="Offline: prefix caching on or off (default: the recipe's, else on)."),
+        speculative_config: str | None = typer.Option(
+            None, "--speculative-config", show_default=False,
+            help="Offline: speculative decoding as vLLM's JSON, e.g. '{\"method\": \"mtp\", \"num_speculative_tokens\": 2}'; "
+                 "the same workload also runs without it, for the speedup."),
         write_gguf: str | None = typer.Option(None, "--write-gguf", help="Tool mode: write the --shape/--quant model as a GGUF file (for llama.cpp) and exit."),
         no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -194,4 +232,4 @@ def register(app: typer.Typer) -> None:
             max_num_batched_tokens=max_num_batched_tokens, gpu_memory_utilization=gpu_memory_utilization,
             num_kv_blocks=num_kv_blocks, as_json=as_json, no_progress=no_progress,
             measure_bandwidth=measure_bandwidth, write_gguf=write_gguf, multi_turn=multi_turn, turn_len=turn_len,
-            keep_answer=keep_answer, prefix_caching=prefix_caching))
+            keep_answer=keep_answer, prefix_caching=prefix_caching, speculative_config=speculative_config))

@@ -35,8 +35,9 @@ class EngineDead(RuntimeError):
 
 
 class Observer(Protocol):  # what the server's metrics implement
-    def on_first_token(self, seconds: float) -> None: ...
-    def on_token(self, seconds: float) -> None: ...
+    # n: tokens that arrived together (several with speculative decoding)
+    def on_first_token(self, seconds: float, n: int = 1) -> None: ...
+    def on_token(self, seconds: float, n: int = 1) -> None: ...
     def on_finish(self, out: StepOutput) -> None: ...
 
 
@@ -218,10 +219,11 @@ class RequestStream:
         obs = self.owner.observer
         now = time.monotonic()
         if obs is not None and out.new_token_ids:
+            n = len(out.new_token_ids)
             if index not in self._last:
-                obs.on_first_token(now - self.start)
+                obs.on_first_token(now - self.start, n)
             else:
-                obs.on_token(now - self._last[index])
+                obs.on_token(now - self._last[index], n)
         self._last[index] = now
         if out.finished:
             self.live.discard(self.ids[index])

@@ -31,6 +31,10 @@ class ForwardContext:
     # rows [K, hidden] (g906/engine/vision); None when the step holds no image token
     mm_embed_index: torch.Tensor | None = None
     mm_embeds: torch.Tensor | None = None
+    # a speculative verify step (g906/engine/spec): each linear-attention layer keeps its
+    # sequences' states from before the step and the step's inputs, so that rollback_linear_state
+    # can end them at the last accepted token
+    keep_linear_inputs: bool = False
 
     @property
     def num_seqs(self) -> int:

@@ -138,11 +138,15 @@ class LLM:
                  cpu_kv_cache_gib: float = 1.0, num_kv_blocks: int | None = None, seed: int | None = None,
                  progress: bool = False, warm_up: bool = False, tensor_parallel_size: int = 1,
                  devices: list[int] | None = None, enforce_eager: bool | None = None,
-                 prefill_graph_tokens: int | None = None, enable_prefix_caching: bool | None = None):
+                 prefill_graph_tokens: int | None = None, enable_prefix_caching: bool | None = None,
+                 speculative_config: dict | None = None):
         """`enforce_eager` (no decode or prefill graphs), `prefill_graph_tokens` (0: prefill
         eager) and `enable_prefix_caching` (reuse the KV blocks and linear-attention state of
         shared prompt prefixes; on by default): None keeps EngineConfig's defaults. `devices`:
-        GPU indices, one per tensor-parallel rank."""
+        GPU indices, one per tensor-parallel rank. `speculative_config`: vLLM's dict,
+        {"method": "mtp", "num_speculative_tokens": k} (the model's own MTP block) or
+        {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": n,
+        "prompt_lookup_max": m}."""
         graphs = {k: v for k, v in (("enforce_eager", enforce_eager),
                                     ("prefill_graph_tokens", prefill_graph_tokens),
                                     ("enable_prefix_caching", enable_prefix_caching)) if v is not None}
@@ -150,7 +154,7 @@ class LLM:
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len, block_size=block_size,
             gpu_memory_utilization=gpu_memory_utilization, cpu_kv_cache_gib=cpu_kv_cache_gib,
-            num_kv_blocks=num_kv_blocks, seed=seed, **graphs,
+            num_kv_blocks=num_kv_blocks, seed=seed, speculative=speculative_config, **graphs,
         )
         self._start(model, config, dtype=dtype, device=device, devices=devices, chat_template=chat_template,
                     tensor_parallel_size=tensor_parallel_size, progress=progress, warm_up=warm_up)
@@ -175,9 +179,16 @@ class LLM:
                             f"not a {type(model).__name__}",
                             hint="for a recipe, use g906.serving.llm_from_plan(plan)")
         source = os.fspath(model)
+        from g906.arch.speculative import SpeculativeConfig, SpeculativeConfigError
+
+        try:    # checked before the weights load: a typo should not cost a model load
+            config.speculative = SpeculativeConfig.parse(config.speculative)
+        except (SpeculativeConfigError, TypeError) as exc:
+            raise G906Error(str(exc) if isinstance(exc, SpeculativeConfigError) else f"speculative_config: {exc}") from None
+        keep_mtp = config.speculative is not None and config.speculative.method == "mtp"
         self.loaded = load_model(source, dtype=dtype, device=device, chat_template=chat_template, progress=progress,
                                  tensor_parallel_size=tensor_parallel_size or 1, devices=devices,
-                                 max_model_len=config.max_model_len)
+                                 max_model_len=config.max_model_len, keep_mtp=keep_mtp)
         try:
             if self.loaded.tokenizer is None:
                 raise G906Error(f"{source}: the model has no tokenizer", hint="the offline API needs one to handle text")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from g906.engine.block_manager import CacheManager
 from g906.engine.model_runner import DEFAULT_PREFILL_GRAPH_TOKENS, ModelRunner, PendingStep
@@ -53,6 +54,9 @@ class EngineConfig:
     prefix_state_stride: int = 512         # a snapshot every this many prefill tokens (0: none)
     prefix_snapshot_share: float = 0.1     # the part of the cache budget the snapshot pool takes
     num_prefix_snapshots: int | None = None   # the pool's size, instead of the share
+    # speculative decoding (g906/engine/spec): a SpeculativeConfig or vLLM's dict
+    # ({"method": "mtp" | "ngram", "num_speculative_tokens": k, ...}); None: off
+    speculative: Any = None
 
 
 @dataclass
@@ -69,6 +73,9 @@ class StepOutput:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0              # prompt tokens the prefix cache supplied
+    # with the first token of a request that asked: None (the first prompt token), then the
+    # TokenLogprobs of each later prompt token
+    prompt_logprobs: list | None = None
 
 
 class IncrementalDecoder:
@@ -143,6 +150,10 @@ class LLMEngine:
         self.config = config = config or EngineConfig()
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
+        self.speculative = spec = _speculative(config.speculative, self.model_config)
+        # verify steps run their own forward (no state snapshots around it) and roll the linear
+        # state back afterwards: the prefix cache is not combined with them, so it is off then
+        use_prefix = config.enable_prefix_caching and spec is None
         model_max = int(self.model_config.max_position_embeddings or 4096)
         explicit_len = config.max_model_len is not None
         self.max_model_len = int(config.max_model_len or model_max)
@@ -159,14 +170,15 @@ class LLMEngine:
             gpu_memory_utilization=config.gpu_memory_utilization, cpu_kv_cache_gib=config.cpu_kv_cache_gib,
             num_kv_blocks=config.num_kv_blocks, seed=config.seed, fit_len=not explicit_len,
             enforce_eager=config.enforce_eager, prefill_graph_tokens=config.prefill_graph_tokens,
-            prefix_snapshot_share=config.prefix_snapshot_share if config.enable_prefix_caching else 0.0,
-            num_prefix_snapshots=config.num_prefix_snapshots if config.enable_prefix_caching else 0,
+            prefix_snapshot_share=config.prefix_snapshot_share if use_prefix else 0.0,
+            num_prefix_snapshots=config.num_prefix_snapshots if use_prefix else 0,
+            extra_kv_bytes_per_block=self._mtp_kv_bytes(spec),
         )
         self.max_model_len = self.runner.max_model_len   # lowered to the cache when not explicit
         s = self.runner.sizing
         self.cache = CacheManager(s.num_blocks, config.block_size, config.max_num_seqs)
         self.prefix = None
-        if config.enable_prefix_caching:
+        if use_prefix:
             from g906.engine.prefix_cache import PrefixCache
 
             self.prefix = PrefixCache(self.cache.blocks, self.runner.snapshot_slots,
@@ -175,6 +187,12 @@ class LLMEngine:
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, mbt, self.max_model_len), self.cache, self.prefix
         )
+        self.spec = None
+        if spec is not None:
+            from g906.engine.spec.decoder import SpecDecoder
+
+            self.spec = SpecDecoder(self.runner, self.cache.blocks, spec, max_model_len=self.max_model_len,
+                                    max_num_batched_tokens=mbt)
         eos = set(self.model_config.eos_token_ids or [])
         tok_eos = getattr(self.tokenizer, "eos_token_ids", None)
         if tok_eos:
@@ -187,6 +205,17 @@ class LLMEngine:
         self._grammars = None                         # GrammarCompiler, on the first constrained request
         self._inflight: _Launched | None = None      # a pipelined decode step not yet read
         self.num_lookahead_steps = 0                  # decode steps queued before the last was read
+
+    def _mtp_kv_bytes(self, spec) -> int:
+        """KV bytes per block of the MTP drafter's cache (0 without one)."""
+        if spec is None or spec.method != "mtp":
+            return 0
+        from g906.engine.model_runner import _dtype_of
+        from g906.engine.spec.mtp import mtp_kv_bytes_per_block
+
+        cfg = getattr(self.loaded.model, "global_config", None) or self.model_config
+        itemsize = torch_itemsize(_dtype_of(self.loaded.model))
+        return mtp_kv_bytes_per_block(cfg, self.config.block_size, itemsize)
 
     def _fit_len(self, mbt: int) -> int:
         """The model's context length, lowered to what a CPU KV budget can hold for one sequence."""
@@ -201,7 +230,8 @@ class LLMEngine:
         if not dev.startswith("cpu"):
             return model_max          # the runner lowers it to what the profiled budget holds
         dtype = _dtype_of(self.loaded.model)
-        per_block = max(1, kv_bytes_per_block(self.model_config, cfg.block_size, dtype))
+        per_block = max(1, kv_bytes_per_block(self.model_config, cfg.block_size, dtype)
+                        + self._mtp_kv_bytes(self.speculative))
         budget = cfg.cpu_kv_cache_gib * GiB - state_bytes_per_slot(self.model_config, dtype) * cfg.max_num_seqs
         blocks = int(budget // per_block)
         return max(min(model_max, blocks * cfg.block_size), 1)
@@ -272,6 +302,8 @@ class LLMEngine:
             return False
         self.scheduler.abort(req.seq)
         self.runner.sampler.forget(req.seq.seq_id)
+        if self.spec is not None:
+            self.spec.forget(req.seq.seq_id)
         return True
 
     def has_unfinished_requests(self) -> bool:
@@ -302,6 +334,10 @@ class LLMEngine:
             if batch is None:
                 return []
             self.num_steps += 1
+            if self.spec is not None:
+                done = self.spec.run(batch)
+                if done is not None:
+                    return self._finish_spec(batch, done)
             if not self._pipelinable(batch):
                 return self._finish_step(_Launched(batch, self.runner.launch(batch), None))
             cur = self._launch(batch)
@@ -310,12 +346,13 @@ class LLMEngine:
 
     def _pipelinable(self, batch) -> bool:
         """A graph-path decode step whose sequences sample without their output history (no
-        penalties) and will not reach a length limit with this step's token."""
-        if not self.runner.can_feed(batch):
+        penalties, no thinking budget) and will not reach a length limit with this step's token. Not
+        with speculative decoding: drafts are made on the host from the tokens of the step before."""
+        if self.spec is not None or not self.runner.can_feed(batch):
             return False
         for s in batch.seqs:
             p = s.params
-            if p.has_penalties or s.guide is not None or s.num_tokens + 1 >= self.max_model_len:
+            if p.needs_history or s.guide is not None or s.num_tokens + 1 >= self.max_model_len:
                 return False      # (a constrained step's mask needs the token before it)
             if p.max_tokens is not None and s.num_output_tokens + 1 >= p.max_tokens:
                 return False
@@ -390,6 +427,32 @@ class LLMEngine:
         for save in batch.saves:
             self.prefix.commit(save)
 
+    def _finish_spec(self, batch, done) -> list[StepOutput]:
+        """The outputs of a speculative step (g906/engine/spec): several tokens per sequence."""
+        if batch.is_prefill:
+            self.num_prompt_tokens += batch.num_tokens
+        outputs: list[StepOutput] = []
+        now = time.monotonic()
+        for seq in batch.seqs:
+            seq.num_cached_tokens += done.advance[seq.seq_id]
+            got = done.tokens.get(seq.seq_id)
+            req = self._requests.get(seq.request_id)
+            if not got or seq.is_finished or req is None or req.seq is not seq:
+                continue
+            if req.first_token_at is None:
+                req.first_token_at = now
+            merged = None
+            for token, lp in got:
+                seq.append_token(token)
+                self.num_generation_tokens += 1
+                out = self._process(req, token, lp, seq.num_tokens)
+                merged = out if merged is None else _merge(merged, out)
+                if out.finished:
+                    break
+            outputs.append(merged)
+        self.spec.after_step()
+        return outputs
+
     def _process(self, req: _Request, token: int, lp: TokenLogprobs | None, upto: int) -> StepOutput:
         """`token` is the sequence's token number `upto` (counting the prompt)."""
         seq, params = req.seq, req.seq.params
@@ -422,10 +485,14 @@ class LLMEngine:
             finished=reason is not None, finish_reason=reason, stop_reason=stop_tok,
             num_prompt_tokens=seq.num_prompt_tokens, num_output_tokens=num_out,
             num_cached_tokens=seq.num_hit_tokens,
+            prompt_logprobs=[None, *seq.prompt_logprobs] if params.prompt_logprobs is not None and num_out == 1
+            else None,
         )
         if reason is not None:
             self.scheduler.finish(seq, reason)
             self.runner.sampler.forget(seq.seq_id)
+            if self.spec is not None:
+                self.spec.forget(seq.seq_id)
             self._requests.pop(seq.request_id, None)
         return out
 
@@ -445,6 +512,7 @@ class LLMEngine:
             "generation_tokens": self.num_generation_tokens,
             "steps": self.num_steps,
             **(self.prefix.stats() if self.prefix is not None else {}),
+            **(self.spec.metrics.to_json() if self.spec is not None else {}),
         }
 
     def describe(self) -> dict:
@@ -455,6 +523,7 @@ class LLMEngine:
             "block_size": self.config.block_size,
             "prefix_caching": self.prefix is not None,
             "cache": self.runner.sizing.to_json(),
+            "speculative": self.speculative.to_vllm() if self.speculative is not None else None,
         }
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -510,3 +579,38 @@ def _cache_salt(loaded) -> str:
     info = loaded.info or {}
     keys = ("source", "format", "dtype", "quant", "quant_types", "tensor_parallel_size")
     return repr(sorted((k, str(info.get(k))) for k in keys))
+
+
+def _merge(a: StepOutput, b: StepOutput) -> StepOutput:
+    """One request's outputs of consecutive tokens of one step, as one."""
+    a.new_token_ids += b.new_token_ids
+    a.new_text += b.new_text
+    a.new_logprobs += b.new_logprobs
+    a.new_token_texts += b.new_token_texts
+    a.finished, a.finish_reason, a.stop_reason = b.finished, b.finish_reason, b.stop_reason
+    a.num_output_tokens = b.num_output_tokens
+    return a
+
+
+def torch_itemsize(dtype) -> int:
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _speculative(value, model_config):
+    """EngineConfig.speculative as a SpeculativeConfig (None: off); a bad value or an MTP
+    request for a model without an MTP block raises G906Error."""
+    from g906.arch.speculative import SpeculativeConfig, SpeculativeConfigError
+
+    try:
+        spec = SpeculativeConfig.parse(value)
+    except SpeculativeConfigError as exc:
+        raise G906Error(str(exc)) from None
+    except TypeError as exc:
+        raise G906Error(f"speculative_config: {exc}") from None
+    if spec is not None and spec.method == "mtp" and model_config.num_mtp_layers < 1:
+        from g906.engine.spec.decoder import mtp_missing_error
+
+        raise mtp_missing_error("this model file")
+    return spec

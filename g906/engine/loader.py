@@ -24,11 +24,13 @@ def load_model(
     tensor_parallel_size: int = 1,
     devices: list[int] | None = None,
     max_model_len: int | None = None,
+    keep_mtp: bool = False,
 ) -> LoadedModel:
     """Load `source` (HF dir, GGUF file, builtin:NAME) onto `device` in `dtype`.
 
     chat_template overrides the model's own template: a path to a .jinja file or the template
-    text itself. tensor_parallel_size > 1 splits the model over that many worker processes
+    text itself. keep_mtp: keep the multi-token-prediction block's weights (speculative decoding
+    with method "mtp"). tensor_parallel_size > 1 splits the model over that many worker processes
     (g906.engine.parallel; `devices`: one GPU index per rank); .model is then a TPModel.
     max_model_len: the longest sequence the model will run; tables sized by the config's
     positions (rotary) are built for at most this many."""
@@ -36,7 +38,8 @@ def load_model(
         from g906.engine.parallel import load_model_tp
 
         return load_model_tp(source, tensor_parallel_size=int(tensor_parallel_size), dtype=dtype, device=device,
-                             devices=devices, chat_template=chat_template, progress=progress)
+                             devices=devices, chat_template=chat_template, progress=progress,
+                             max_model_len=max_model_len, keep_mtp=keep_mtp)
     from g906.engine.models import model_class
 
     dev = torch.device(device) if device is not None else default_device()
@@ -44,7 +47,7 @@ def load_model(
     src, fmt = open_source(str(source))
     config = bound_positions(src.config(), max_model_len, source=str(source))
     t0 = time.perf_counter()
-    model = model_class(config)(config, dtype=cdtype, device=dev)
+    model = model_class(config)(config, dtype=cdtype, device=dev, keep_mtp=keep_mtp)
     try:
         weights = src.weights(progress=progress)
     except TypeError:

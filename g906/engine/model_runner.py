@@ -15,6 +15,8 @@ import torch
 
 from g906.engine.context import ForwardContext, write_step_rows
 from g906.engine.prefill_graphs import MIN_TOKENS as MIN_PREFILL_GRAPH_TOKENS
+from g906.engine.prompt_logprobs import collect as collect_prompt_logprobs
+from g906.engine.prompt_logprobs import wants_prompt_logprobs
 from g906.engine.sampler import Sampler, SamplerRow, TokenLogprobs
 from g906.engine.scheduler import ScheduledBatch
 from g906.engine.sequence import Sequence
@@ -74,10 +76,12 @@ class ModelRunner:
                  max_model_len: int, gpu_memory_utilization: float = 0.9, cpu_kv_cache_gib: float = 1.0,
                  num_kv_blocks: int | None = None, seed: int | None = None, fit_len: bool = False,
                  enforce_eager: bool = False, prefill_graph_tokens: int = DEFAULT_PREFILL_GRAPH_TOKENS,
-                 prefix_snapshot_share: float = 0.0, num_prefix_snapshots: int | None = None):
+                 prefix_snapshot_share: float = 0.0, num_prefix_snapshots: int | None = None,
+                 extra_kv_bytes_per_block: int = 0):
         """prefix_snapshot_share: the part of the cache budget given to prefix-cache state
         snapshots (0 and num_prefix_snapshots None: no snapshot pool); num_prefix_snapshots
-        sets their count instead."""
+        sets their count instead. extra_kv_bytes_per_block: KV bytes a block also holds for the
+        MTP block (speculative decoding)."""
         self.loaded = loaded
         self.model = loaded.model
         self.config = loaded.config
@@ -88,6 +92,8 @@ class ModelRunner:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.fit_len = fit_len          # lower max_model_len to the cache instead of failing
+        # KV bytes per block of caches beside the model's own (the MTP drafter's), in the budget
+        self.extra_kv_bytes_per_block = int(extra_kv_bytes_per_block)
         # GPU decode runs through g906/engine/cuda_graphs.py (graphs unless enforce_eager): one
         # more KV block and state slot than the block manager hands out, as the padding rows' scratch
         padded = self.device.type == "cuda" and getattr(self.model, "supports_cuda_graphs", True)
@@ -143,7 +149,7 @@ class ModelRunner:
     def _size_cache(self, util: float, cpu_gib: float, override: int | None) -> CacheSizing:
         from g906.engine.cache import kv_bytes_per_block, state_bytes_per_slot
 
-        per_block = max(1, kv_bytes_per_block(self.config, self.block_size, self.dtype))
+        per_block = max(1, kv_bytes_per_block(self.config, self.block_size, self.dtype) + self.extra_kv_bytes_per_block)
         per_slot = state_bytes_per_slot(self.config, self.dtype)
         states = per_slot * self.max_num_seqs
         blocks_per_seq = math.ceil(self.max_model_len / self.block_size)
@@ -340,7 +346,8 @@ class ModelRunner:
                     ids = ids.index_select(0, idx.to(ids.device, non_blocking=True))
             logits, greedy = self.graphs.run_step(batch.seqs, input_ids=ids)
             sampling = list(range(len(batch.seqs)))
-        elif feed is None and self.prefill_graphs is not None and self.prefill_graphs.can_run(batch):
+        elif (feed is None and self.prefill_graphs is not None and self.prefill_graphs.can_run(batch)
+              and not wants_prompt_logprobs(batch)):
             # a short prefill step: padded static inputs, graph replay (g906/engine/prefill_graphs.py)
             sampling = [i for i in range(len(batch.seqs)) if batch.samples(i)]
             logits, greedy = self.prefill_graphs.run_step(batch.seqs, batch.num_new_tokens, sampling)
@@ -351,21 +358,15 @@ class ModelRunner:
                 raise ValueError("only graph-path decode steps take their input tokens from the device")
             input_ids, positions, ctx = self._context(batch)
             hidden = self.model.forward(input_ids, positions, ctx)
+            if wants_prompt_logprobs(batch):
+                collect_prompt_logprobs(batch, hidden, self.model.compute_logits)
             sampling = [i for i in range(len(batch.seqs)) if batch.samples(i)]
             if not sampling:
                 return PendingStep([], None)
             cu = np.cumsum(batch.num_new_tokens)
             last = torch.as_tensor([int(cu[i]) - 1 for i in sampling], dtype=torch.long, device=hidden.device)
             logits = self.model.compute_logits(hidden.index_select(0, last))
-        rows = []
-        for i in sampling:
-            s: Sequence = batch.seqs[i]
-            p = s.params
-            rows.append(SamplerRow(
-                key=s.seq_id, params=p,
-                prompt_token_ids=s.prompt_token_ids if p.repetition_penalty != 1.0 else None,
-                output_token_ids=s.output_token_ids if p.has_penalties else None,
-            ))
+        rows = [sampler_row(batch.seqs[i]) for i in sampling]
         return PendingStep([batch.seqs[i].seq_id for i in sampling],
                            self.sampler.launch(logits, rows, argmax=greedy, mask=self._masks(batch, sampling)))
 
@@ -389,6 +390,17 @@ class ModelRunner:
             p = s.params
             s.guide.fill(bitmask, r, allow_eos=not p.ignore_eos and s.num_output_tokens + 1 >= p.min_tokens)
         return guided, bitmask
+
+
+def sampler_row(s: Sequence) -> SamplerRow:
+    """What the sampler needs of a sequence (its history only where penalties or the thinking
+    budget read it)."""
+    p = s.params
+    return SamplerRow(
+        key=s.seq_id, params=p,
+        prompt_token_ids=s.prompt_token_ids if p.repetition_penalty != 1.0 else None,
+        output_token_ids=s.output_token_ids if p.needs_history else None,
+    )
 
 
 class PendingStep:

@@ -16,7 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
+from g906.engine.logit_bias import apply_logit_bias
+from g906.engine.logprob_ids import gather_named, named_top
 from g906.engine.sampling_params import SamplingParams
+from g906.engine.thinking_budget import apply_thinking_budget
 
 
 @dataclass
@@ -127,6 +130,22 @@ class Sampler:
         vals = vals.masked_fill(mask, float("-inf"))
         return torch.full_like(logits, float("-inf")).scatter(1, order, vals)
 
+    def distribution(self, logits: torch.Tensor, rows: list[SamplerRow]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(penalised logits, sampling probabilities) of each row, exactly as launch() computes
+        them before its draw: the argmax of the first is a greedy row's token; the second (None
+        when every row is greedy) has temperature, top-k, top-p and min-p applied. Speculative
+        verification (g906/engine/spec) samples from these."""
+        logits = logits.float()
+        params = [r.params for r in rows]
+        x = self._penalize(logits, rows)
+        if all(p.greedy for p in params):
+            return x, None
+        return x, torch.softmax(self._filter(x, params), dim=-1)
+
+    def generator_for(self, row: SamplerRow) -> torch.Generator:
+        """The generator row's random draws come from: its own when seeded, else the shared one."""
+        return self._generator(row) if row.params.seed is not None else self._shared
+
     def __call__(self, logits: torch.Tensor, rows: list[SamplerRow]) -> tuple[list[int], list[TokenLogprobs | None]]:
         return self.launch(logits, rows).result()
 
@@ -147,13 +166,13 @@ class Sampler:
         params = [r.params for r in rows]
         want_lp = [p.logprobs is not None for p in params]
         raw_lp = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
-        x = logits
+        x = apply_thinking_budget(apply_logit_bias(logits, rows), rows)
         if mask is not None and mask[0]:
             from g906.engine.structured.mask import apply
 
             x = apply(x, mask[0], mask[1])
         x = self._penalize(x, rows)
-        if x is not logits:                                # masked or penalised: the given argmax is stale
+        if x is not logits:                                # biased, masked or penalised: the given argmax is stale
             argmax = None
         if argmax is None and any(p.greedy for p in params):
             argmax = x.argmax(dim=-1)
@@ -179,11 +198,13 @@ class Sampler:
                 ids = torch.where(greedy, argmax, sampled)
         lp = None
         if raw_lp is not None:
-            kmax = max(p.logprobs or 0 for p in params)
+            kmax = raw_lp.shape[1] if any(p.logprobs == -1 for p in params) else max(p.logprobs or 0 for p in params)
             chosen = raw_lp.gather(1, ids[:, None])[:, 0]
             ranks = (raw_lp > chosen[:, None]).sum(dim=-1) + 1
             top_v, top_i = raw_lp.topk(kmax, dim=-1) if kmax > 0 else (None, None)
-            lp = [_to_host(t) for t in (chosen, ranks, top_v, top_i)]
+            named = gather_named(raw_lp, params)
+            lp = [_to_host(t) for t in (chosen, ranks, top_v, top_i)] + [
+                None if named is None else tuple(_to_host(t) for t in named)]
         return PendingSample(ids, params, lp)
 
 
@@ -221,15 +242,19 @@ class PendingSample:
         token_ids = self._host_ids.tolist()                    # the one copy per step
         out_lp: list[TokenLogprobs | None] = [None] * len(token_ids)
         if self._lp is not None:
-            chosen, ranks, top_v, top_i = self._lp
+            chosen, ranks, top_v, top_i, named = self._lp
+            named_ids, named_v = (named[0].tolist(), named[1].tolist()) if named is not None else (None, None)
             chosen_l, ranks_l = chosen.tolist(), ranks.tolist()
             top_v = top_v.tolist() if top_v is not None else None
             top_i = top_i.tolist() if top_i is not None else None
             for i, p in enumerate(self.params):
                 if p.logprobs is None:
                     continue
-                k = p.logprobs
+                k = p.logprobs if p.logprobs >= 0 else len(top_i[i])   # -1: the whole vocabulary
                 top = list(zip(top_i[i][:k], top_v[i][:k])) if k > 0 else []
+                if p.logprob_token_ids:      # the sampled token, then the named ids, instead of the top k
+                    top = [(token_ids[i], chosen_l[i])] + [
+                        x for x in named_top(p, i, named_ids, named_v) if x[0] != token_ids[i]]
                 out_lp[i] = TokenLogprobs(token_ids[i], chosen_l[i], int(ranks_l[i]), top)
         self._result = (token_ids, out_lp)
         return self._result

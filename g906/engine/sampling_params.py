@@ -30,9 +30,17 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
-    logprobs: int | None = None        # number of top logprobs per step (0: only the sampled token's)
+    logprobs: int | None = None        # number of top logprobs per step (0: only the sampled token's; -1: all)
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None   # constrained decoding (g906/engine/structured)
+    prompt_logprobs: int | None = None   # top logprobs per prompt position (as logprobs; g906/engine/prompt_logprobs.py)
+    logprob_token_ids: list[int] | None = None   # with logprobs: these ids' logprobs instead of the top k
+    logit_bias: dict[int, float] | None = None   # token id -> added to its logit (g906/engine/logit_bias.py)
+    # a cap on thinking tokens, then the end tag's ids are forced (g906/engine/thinking_budget.py)
+    thinking_token_budget: int | None = None
+    think_start_ids: tuple[int, ...] = ()
+    think_end_ids: tuple[int, ...] = ()
+    think_open: bool = False             # the prompt left the thinking open
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -74,10 +82,23 @@ class SamplingParams:
             raise bad("min_tokens", f"must be non-negative, got {self.min_tokens}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise bad("min_tokens", f"({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
-            raise bad("logprobs", f"must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.logprobs is not None and not -1 <= self.logprobs <= MAX_LOGPROBS:
+            raise bad("logprobs", f"must be -1 (the whole vocabulary) or in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.prompt_logprobs is not None and not -1 <= self.prompt_logprobs <= MAX_LOGPROBS:
+            raise bad("prompt_logprobs", f"must be -1 (the whole vocabulary) or in [0, {MAX_LOGPROBS}], "
+                                         f"got {self.prompt_logprobs}")
         if self.seed is not None and not -(2**63) <= self.seed < 2**64:
             raise bad("seed", "must fit in 64 bits")
+        if self.thinking_token_budget is not None and self.thinking_token_budget < 0:
+            raise bad("thinking_token_budget", f"must be non-negative, got {self.thinking_token_budget}")
+        for t in self.logprob_token_ids or ():
+            if not isinstance(t, int) or t < 0:
+                raise bad("logprob_token_ids", f"entries must be non-negative token ids, got {t!r}")
+        for t, b in (self.logit_bias or {}).items():
+            if not isinstance(t, int) or t < 0:
+                raise bad("logit_bias", f"keys must be non-negative token ids, got {t!r}")
+            if not -100.0 <= b <= 100.0:
+                raise bad("logit_bias", f"values must be in [-100, 100], got {b} for token {t}")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise bad("stop", "entries must be non-empty strings")
@@ -96,6 +117,11 @@ class SamplingParams:
         return (
             self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
         )
+
+    @property
+    def needs_history(self) -> bool:
+        """Whether sampling reads the request's output tokens (so a step waits for the last one)."""
+        return self.has_penalties or self.thinking_token_budget is not None
 
     def for_child(self, index: int) -> "SamplingParams":
         """The params of the index-th of n samples: n=1, and a distinct seed when seeded."""

@@ -115,7 +115,9 @@ class Scheduler:
         The cached prefix to start from, or None when the sequence cannot be admitted."""
         if len(self.running) >= self.config.max_num_seqs or self.cache.slots.num_free == 0:
             return None
-        hit = self.prefix.lookup(seq) if self.prefix is not None else Hit()
+        # a request scoring its prompt (prompt_logprobs) must compute every prompt position
+        reuse = self.prefix is not None and seq.params.prompt_logprobs is None
+        hit = self.prefix.lookup(seq) if reuse else Hit()
         if self._chunk(seq, hit.num_tokens) > budget:
             return None
         blocks = self.cache.blocks

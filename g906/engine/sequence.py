@@ -28,7 +28,7 @@ class Sequence:
     __slots__ = (
         "seq_id", "request_id", "token_ids", "num_prompt_tokens", "params", "status",
         "num_cached_tokens", "block_table", "state_slot", "finish_reason", "arrival",
-        "num_preemptions", "stop_reason", "mm", "guide",
+        "num_preemptions", "stop_reason", "mm", "guide", "prompt_logprobs",
         # prefix caching (g906/engine/prefix_cache.py): the content keys of the full blocks
         # known so far, how many of the table's blocks are registered, the key of the latest
         # decode-time state snapshot, the prompt tokens the cache supplied at admission, and
@@ -59,6 +59,7 @@ class Sequence:
         self.tail_key: bytes | None = None
         self.num_hit_tokens = 0
         self.prefix_branch = 0      # where its prompt leaves the cached blocks of another (0: none)
+        self.prompt_logprobs: list = []  # TokenLogprobs of prompt tokens 1.. (g906/engine/prompt_logprobs.py)
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -161,5 +161,7 @@ def config_facts(config: dict[str, Any]) -> dict[str, Any]:
     dt = text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or config.get("dtype")
     if isinstance(dt, str):
         facts["torch_dtype"] = dt
+    mtp = text.get("mtp_num_hidden_layers", config.get("mtp_num_hidden_layers"))
+    facts["num_mtp_layers"] = mtp if isinstance(mtp, int) and not isinstance(mtp, bool) else 0
     facts["multimodal"] = isinstance(config.get("vision_config"), dict)
     return facts

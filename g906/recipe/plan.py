@@ -47,12 +47,14 @@ class Plan:
     max_num_seqs: int
     max_num_batched_tokens: int | None
     gpu_memory_utilization: float
+    default_max_tokens: int | str | None = None   # as the recipe says (g906/serving/generation_defaults.py)
     mm_limits: dict[str, MediaLimitPlan] = field(default_factory=dict)  # "image"/"video" -> limit
     # engine and server
     engine_kind: Literal["embedded", "vllm"] = "embedded"
     enforce_eager: bool = False
     reasoning_parser: str = "none"
     tool_parser: str = "auto"
+    speculative: dict[str, Any] | None = None   # vLLM's speculative_config (checked), None: off
     host: str = "127.0.0.1"
     port: int = 8000
     api_key_env: str | None = None

@@ -158,6 +158,7 @@ def _resolve(recipe: Recipe, recipe_path: str | os.PathLike | None, check_files:
         if recipe.parallel.tensor_parallel_size == 1:
             cx.warn(("parallel", "rccl"), "parallel.rccl is only used with tensor_parallel_size > 1")
     _check_tensor_parallel(cx, recipe, model)
+    speculative = _check_speculative(cx, recipe, model)
 
     _advice(cx, recipe, model, images_on)
     if cx.errors:
@@ -186,11 +187,13 @@ def _resolve(recipe: Recipe, recipe_path: str | os.PathLike | None, check_files:
         max_num_seqs=lim.max_num_seqs,
         max_num_batched_tokens=lim.max_num_batched_tokens,
         gpu_memory_utilization=lim.gpu_memory_utilization,
+        default_max_tokens=lim.default_max_tokens,
         mm_limits=mm,
         engine_kind=recipe.engine.kind,
         enforce_eager=recipe.engine.enforce_eager,
         reasoning_parser=recipe.engine.reasoning_parser,
         tool_parser=recipe.server.tool_parser,
+        speculative=speculative,
         host=recipe.server.host,
         port=recipe.server.port,
         api_key_env=recipe.server.api_key_env,
@@ -462,6 +465,24 @@ def _check_tensor_parallel(cx: _Ctx, recipe: Recipe, model: _Model) -> None:
                      f"tensor_parallel_size {tp} would break the checkpoint's quantization groups: "
                      + "; ".join(problems),
                      "tensor-parallel sizes this checkpoint allows: " + ", ".join(str(n) for n in sizes))
+
+
+def _check_speculative(cx: _Ctx, recipe: Recipe, model: _Model) -> dict | None:
+    """[engine.speculative] as vLLM's dict; method "mtp" needs an MTP block in the model file
+    (GGUF nextn_predict_layers, HF mtp_num_hidden_layers)."""
+    sec = recipe.engine.speculative
+    if sec is None:
+        return None
+    spec = sec.config()
+    n = 0 if model.format == "builtin" else model.facts.get("num_mtp_layers")    # builtins have none
+    known = model.facts or model.format == "builtin"                  # else the file already failed
+    if spec.method == "mtp" and known and (n or 0) < 1:
+        where = {"gguf": "its GGUF metadata has no nextn_predict_layers",
+                 "hf": "its config.json has no mtp_num_hidden_layers"}.get(model.format, "it is a synthetic model")
+        cx.error(("engine", "speculative", "method"),
+                 f"speculative method {sec.method!r} needs the model's MTP block, and this model has none ({where})",
+                 'use method = "ngram", or a checkpoint that ships its MTP weights')
+    return spec.to_vllm()
 
 
 # -- advice that does not stop a start ----------------------------------------------------

@@ -50,6 +50,7 @@ _TOKENS_JSON = {
     ]
 }
 TokenCount = Annotated[int | None, WithJsonSchema(_TOKENS_JSON)]
+_DEFAULT_MAX_JSON = {"anyOf": [*_TOKENS_JSON["anyOf"][:2], {"type": "string", "enum": ["context"]}, {"type": "null"}]}
 
 
 class ModelSection(_Strict):
@@ -110,6 +111,22 @@ class LimitsSection(_Strict):
     gpu_memory_utilization: float = Field(
         0.9, gt=0.0, le=1.0, description="Fraction of each GPU's memory the engine may use."
     )
+    default_max_tokens: Annotated[int | Literal["context"] | None, WithJsonSchema(_DEFAULT_MAX_JSON)] = Field(
+        None,
+        description="max_tokens of a chat request that sets none: a token count (\"2k\"-style text too), "
+        "\"context\" (the rest of the context), or unset: the model's generation_config.json max_new_tokens "
+        "(Hugging Face directories, as vLLM does), else the rest of the context.",
+    )
+
+    @field_validator("default_max_tokens", mode="before")
+    @classmethod
+    def _parse_default_max(cls, v):
+        if v is None or v == "context":
+            return v
+        n = parse_token_count(v)
+        if n < 1:
+            raise ValueError(f"must be at least 1 token (or \"context\"), got {n}")
+        return n
 
     @field_validator("max_model_len", mode="before")
     @classmethod
@@ -219,6 +236,45 @@ class EmbeddedOptions(_Strict):
         return v
 
 
+class SpeculativeSection(_Strict):
+    """vLLM's speculative_config as a table (the vLLM hand-off passes it as --speculative-config)."""
+    method: str = Field(
+        description="mtp: the model's own multi-token-prediction block (vLLM's model-specific names such as "
+        "qwen3_next_mtp are accepted); ngram: prompt lookup (drafts what followed the last occurrence of the "
+        "output's own suffix)."
+    )
+    num_speculative_tokens: int = Field(ge=1, le=16, description="Draft tokens verified per step (k).")
+    prompt_lookup_min: int | None = Field(None, ge=1, description="ngram: shortest suffix that may match.")
+    prompt_lookup_max: int | None = Field(None, ge=1, description="ngram: longest suffix, tried first.")
+
+    @field_validator("method")
+    @classmethod
+    def _method(cls, v: str) -> str:
+        from g906.arch.speculative import SpeculativeConfigError, normalise_method
+
+        try:
+            normalise_method(v)
+        except SpeculativeConfigError as exc:
+            raise ValueError(str(exc).split(": ", 1)[-1]) from None
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "SpeculativeSection":
+        from g906.arch.speculative import SpeculativeConfig, SpeculativeConfigError
+
+        try:
+            SpeculativeConfig.parse(self.model_dump(exclude_none=True))
+        except SpeculativeConfigError as exc:
+            raise ValueError(str(exc).replace("speculative_config.", "", 1)) from None
+        return self
+
+    def config(self):
+        """The checked SpeculativeConfig (g906.arch.speculative)."""
+        from g906.arch.speculative import SpeculativeConfig
+
+        return SpeculativeConfig.parse(self.model_dump(exclude_none=True))
+
+
 class EngineSection(_Strict):
     kind: Literal["embedded", "vllm"] = Field(
         "embedded", description="embedded = g906's own engine; vllm = hand over to an installed vLLM."
@@ -232,6 +288,9 @@ class EngineSection(_Strict):
     reasoning_parser: Literal["none", "auto", "qwen3"] = Field(
         "none", description="qwen3 splits <think>...</think> into reasoning_content; auto: the model "
         "architecture's own parser (qwen3 for Qwen3.5)."
+    )
+    speculative: SpeculativeSection | None = Field(
+        None, description="Speculative decoding (vLLM's speculative_config): the MTP head or n-gram lookup."
     )
     embedded: EmbeddedOptions = Field(default_factory=EmbeddedOptions, description="Options of the embedded engine.")
     vllm: VllmOptions = Field(default_factory=VllmOptions, description="Options of the vLLM handoff.")

@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from g906.server.anthropic_answers import error_response, message_full, message_stream
+from g906.server.parsers import REASONING, parser_name
 from g906.server.anthropic_protocol import CountTokensRequest, MessagesRequest, ignored, to_chat_request
 from g906.server.assembler import ResponseAssembler
 from g906.server.chat_completions import chat_prompt, generation_request
@@ -44,8 +45,10 @@ async def messages(request: Request) -> Response:
     st = state_of(request)
     req, _ = await parse_request(request, st, MessagesRequest)
     assert isinstance(req, MessagesRequest)
-    names = report_ignored(st, ignored(req))
-    greq = await generation_request(st, to_chat_request(req), id_prefix="msg", fit_max_tokens=True)
+    budget_on = parser_name(REASONING, st.reasoning_parser, st.architecture) is not None
+    names = report_ignored(st, ignored(req, budget_enforced=budget_on))
+    greq = await generation_request(st, to_chat_request(req, thinking_budget_on=budget_on), id_prefix="msg",
+                                    fit_max_tokens=True)
     asm = ResponseAssembler(greq, reasoning_parser=st.reasoning_parser, tool_parser=st.tool_parser,
                             architecture=st.architecture)
     stops = req.stop_sequences or []

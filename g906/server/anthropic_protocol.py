@@ -231,17 +231,27 @@ def thinking_switch(raw: dict | None) -> dict:
     raise bad_request(f"thinking.type must be \"enabled\" or \"disabled\", not {kind!r}", param="thinking.type")
 
 
-def ignored(req: CountTokensRequest) -> list[str]:
-    """Accepted fields that do not change the answer: a thinking budget (the model thinks until it
-    closes its thinking; max_tokens bounds the whole answer)."""
+def thinking_budget(req: CountTokensRequest) -> int | None:
+    """thinking.budget_tokens of an enabled thinking (checked by thinking_switch)."""
+    t = req.thinking
+    if isinstance(t, dict) and t.get("type") == "enabled" and isinstance(t.get("budget_tokens"), int):
+        return t["budget_tokens"]
+    return None
+
+
+def ignored(req: CountTokensRequest, *, budget_enforced: bool) -> list[str]:
+    """Accepted fields that do not change the answer: a thinking budget when the server has no
+    reasoning parser to find the end of the thinking (max_tokens then bounds the whole answer)."""
     names = sorted(P.ignored_fields(req))
-    if isinstance(req.thinking, dict) and "budget_tokens" in req.thinking:
+    if not budget_enforced and isinstance(req.thinking, dict) and "budget_tokens" in req.thinking:
         names.append("thinking.budget_tokens")
     return names
 
 
-def to_chat_request(req: CountTokensRequest) -> P.ChatCompletionRequest:
-    """The chat request of an Anthropic one (max_tokens, stop and sampling fields when present)."""
+def to_chat_request(req: CountTokensRequest, *, thinking_budget_on: bool = False) -> P.ChatCompletionRequest:
+    """The chat request of an Anthropic one (max_tokens, stop and sampling fields when present);
+    thinking_budget_on: thinking.budget_tokens becomes vLLM's thinking_token_budget (the server
+    forces the end of the thinking after that many tokens)."""
     tools = chat_tools(req.tools)
     choice, parallel = chat_tool_choice(req.tool_choice, tools)
     body: dict[str, Any] = {"messages": chat_messages(req), "tools": tools, "tool_choice": choice,
@@ -249,6 +259,8 @@ def to_chat_request(req: CountTokensRequest) -> P.ChatCompletionRequest:
     if isinstance(req, MessagesRequest):
         body.update(max_completion_tokens=req.max_tokens, stop=req.stop_sequences, temperature=req.temperature,
                     top_p=req.top_p, top_k=req.top_k)
+        if thinking_budget_on and thinking_budget(req) is not None:
+            body["thinking_token_budget"] = thinking_budget(req)
     if not body["messages"]:
         raise bad_request("messages: the conversation has no content", param="messages")
     try:

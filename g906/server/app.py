@@ -13,7 +13,8 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from g906.server import anthropic_messages, docs_routes, info_routes, tokenize_routes
+from g906.server import anthropic_messages, docs_routes, info_routes, tokenize_routes, vllm_routes
+from g906.server.chat_batch import chat_completions_batch
 from g906.server.chat_completions import chat_completions
 from g906.server.completions import completions
 from g906.server.errors import EXCEPTION_HANDLERS
@@ -26,6 +27,7 @@ __all__ = ["DEFAULT_MAX_BODY_BYTES", "ServerState", "create_app"]
 def create_app(state: ServerState) -> Starlette:
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/chat/completions/batch", chat_completions_batch, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/messages", anthropic_messages.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", anthropic_messages.count_tokens, methods=["POST"]),
@@ -37,6 +39,9 @@ def create_app(state: ServerState) -> Starlette:
         Route("/openapi.json", info_routes.openapi, methods=["GET"]),
         *tokenize_routes.ROUTES,
         *docs_routes.ROUTES,
+        Route("/load", vllm_routes.load, methods=["GET"]),
+        Route("/tokenizer_info", vllm_routes.tokenizer_info, methods=["GET"]),
+        Route("/invocations", vllm_routes.invocations, methods=["POST"]),
     ]
     app = Starlette(routes=routes, exception_handlers=dict(EXCEPTION_HANDLERS),
                     middleware=[Middleware(ShutdownGuard)])

@@ -41,6 +41,9 @@ class ChoiceAssembler:
     tool_parser: Any = None
     text: str = ""
     num_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    reasoning_tokens: int = 0        # tokens generated while the reasoning was open
+    prompt_logprobs: list | None = None   # [None, TokenLogprobs...] when the request asked
     # (text offset, TokenLogprobs) per step: a step's offset is exact even where one token's own
     # text differs from what it added (a partial UTF-8 character, a stop string cut off)
     logprob_runs: list[tuple[int, list]] = field(default_factory=list)
@@ -56,10 +59,16 @@ class ChoiceAssembler:
         offset = len(self.prefix) + len(self.text)
         self.text += out.new_text
         self.num_tokens += len(out.new_token_ids)
+        self.token_ids.extend(out.new_token_ids)
         self.cached_tokens = max(self.cached_tokens, int(getattr(out, "num_cached_tokens", 0) or 0))
+        if getattr(out, "prompt_logprobs", None) is not None:
+            self.prompt_logprobs = out.prompt_logprobs
+        in_reasoning = getattr(self.reasoning_parser, "state", None) == "reasoning"
         if out.new_logprobs:
             self.logprob_runs.append((offset, list(out.new_logprobs)))
         reasoning, content, calls = self._parse(out.new_text, out.finished)
+        if self.reasoning_parser is not None and (in_reasoning or reasoning):
+            self.reasoning_tokens += len(out.new_token_ids)
         if out.finished:
             self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
         return ParsedDelta(index=self.index, text=out.new_text, reasoning=reasoning, content=content,
@@ -154,3 +163,10 @@ class ResponseAssembler:
         n = self.request.n
         return sum(max(c.cached_tokens for c in self.choices[k * n:(k + 1) * n])
                    for k in range(len(self.request.prompts)))
+
+    @property
+    def reasoning_tokens(self) -> int | None:
+        """Tokens generated inside the reasoning (None without a reasoning parser)."""
+        if all(c.reasoning_parser is None for c in self.choices):
+            return None
+        return sum(c.reasoning_tokens for c in self.choices)

@@ -16,23 +16,26 @@ from g906.server.errors import bad_request
 from g906.server.generation import GenerationRequest, Prompt, openai_sampling_params, start
 from g906.server.intake import parse_request
 from g906.server.openai_answers import chat_full, chat_stream, send_answer
+from g906.server.parsers import REASONING, make_parser
 from g906.server.state import ServerState, state_of
 from g906.server.structured import chat_constraint, openai_constraint
 from g906.server.tools import openai_tool_choice, openai_tools
+from g906.server import vllm_extras as X
 
 
 async def chat_completions(request: Request) -> Response:
     st = state_of(request)
     req, ignored = await parse_request(request, st, P.ChatCompletionRequest)
     assert isinstance(req, P.ChatCompletionRequest)
+    X.check_stream_fields(req)
     greq = await generation_request(st, req)
     asm = ResponseAssembler(greq, reasoning_parser=st.reasoning_parser, tool_parser=st.tool_parser,
                             architecture=st.architecture)
     streams = start(st, greq)
     eng = st.engine.engine
     if req.stream:
-        opts = req.stream_options or P.StreamOptions()
-        return await send_answer(request, asm, streams, ignored, events=chat_stream(asm, streams, eng, opts))
+        return await send_answer(request, asm, streams, ignored,
+                                 events=chat_stream(asm, streams, eng, X.stream_options(req)))
     return await send_answer(request, asm, streams, ignored,
                              full=chat_full(asm, streams, eng, logprobs=req.logprobs))
 
@@ -55,11 +58,17 @@ async def generation_request(st: ServerState, req: P.ChatCompletionRequest, *,
         max_tokens = min(max_tokens, st.max_model_len - len(ids))
     params = openai_sampling_params(req, max_tokens=max_tokens,
                                     prompt_len=len(ids), max_model_len=st.max_model_len, logprobs=logprobs,
-                                    prompt_param="messages", structured=constraint)
+                                    prompt_param="messages", structured=constraint,
+                                    default_max_tokens=st.default_max_tokens,
+                                    logit_bias=X.logit_bias(req, st.engine.engine.model_config.vocab_size),
+                                    extra=X.thinking_budget(req, make_parser(REASONING, st.reasoning_parser, prompt_text,
+                                                                             st.architecture), st.prompts.encode)
+                                    | X.engine_prompt_logprobs(req)
+                                    | X.logprob_token_ids(req, st.engine.engine.model_config.vocab_size))
     return GenerationRequest(request_id=P.new_id(id_prefix), model=st.served_model_name,
                              prompts=[Prompt(ids=ids, text=prompt_text, mm=mm)], params=[params], n=req.n,
                              tools=tools, tool_choice=tool_choice,
-                             parallel_tool_calls=parallel)
+                             parallel_tool_calls=parallel, options=X.answer_options(req))
 
 
 async def chat_prompt(st: ServerState, req: P.ChatCompletionRequest) -> tuple[str, list[int], object]:
@@ -80,6 +89,7 @@ async def chat_prompt(st: ServerState, req: P.ChatCompletionRequest) -> tuple[st
         raise bad_request(f"chat_template_kwargs: {exc}", param="chat_template_kwargs") from None
     if not ids:
         raise bad_request("the rendered prompt is empty", param="messages")
+    ids = X.truncate_prompt(ids, req, st.max_model_len)
     mm = None
     if images:  # fetched, checked against the limits, resized; placeholders expanded (400 on failure)
         from g906.engine.vision.glue import prepare_chat_images

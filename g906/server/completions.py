@@ -15,6 +15,7 @@ from g906.server.intake import parse_request
 from g906.server.openai_answers import completion_full, completion_stream, send_answer
 from g906.server.state import ServerState, state_of
 from g906.server.structured import check_compiles, openai_constraint
+from g906.server import vllm_extras as X
 
 
 async def completions(request: Request) -> Response:
@@ -23,15 +24,19 @@ async def completions(request: Request) -> Response:
     assert isinstance(req, P.CompletionRequest)
     if req.suffix:
         raise bad_request("suffix is not supported", param="suffix")
+    X.check_stream_fields(req)
     prompts = await _prompts(st, req)
     constraint, source = openai_constraint(req)
     check_compiles(st.engine.engine, constraint, source)
+    bias = X.logit_bias(req, st.engine.engine.model_config.vocab_size)
     params = [openai_sampling_params(req, max_tokens=req.max_tokens, prompt_len=len(p.ids),
                                      max_model_len=st.max_model_len, logprobs=req.logprobs, prompt_param="prompt",
-                                     structured=constraint)
+                                     structured=constraint, logit_bias=bias,
+                                     extra=X.engine_prompt_logprobs(req, req.logprobs if req.echo else None)
+                                     | X.logprob_token_ids(req, st.engine.engine.model_config.vocab_size))
               for p in prompts]
     greq = GenerationRequest(request_id=P.new_id("cmpl"), model=st.served_model_name, prompts=prompts,
-                             params=params, n=req.n)
+                             params=params, n=req.n, options=X.answer_options(req))
     echoed = None
     if req.echo:
         admit(st, greq)      # token ids are decoded for the echo only once the engine has accepted them
@@ -40,9 +45,8 @@ async def completions(request: Request) -> Response:
     streams = start(st, greq)
     eng = st.engine.engine
     if req.stream:
-        opts = req.stream_options or P.StreamOptions()
         return await send_answer(request, asm, streams, ignored, events=completion_stream(
-            asm, streams, eng, opts, logprobs=req.logprobs, echo=req.echo))
+            asm, streams, eng, X.stream_options(req), logprobs=req.logprobs, echo=req.echo))
     return await send_answer(request, asm, streams, ignored,
                              full=completion_full(asm, streams, eng, logprobs=req.logprobs))
 
@@ -63,9 +67,10 @@ async def _prompts(st: ServerState, req: P.CompletionRequest) -> list[Prompt]:
             ids = await offload(st.prompts.encode, item)
             if not ids:
                 raise bad_request("a prompt encodes to no tokens", param="prompt")
-            out.append(Prompt(ids=ids, text=item))
+            cut = X.truncate_prompt(ids, req, st.max_model_len)
+            out.append(Prompt(ids=cut, text=item if cut is ids else None))
         else:
-            out.append(Prompt(ids=list(item)))
+            out.append(Prompt(ids=X.truncate_prompt(list(item), req, st.max_model_len)))
     return out
 
 

@@ -32,6 +32,7 @@ class GenerationRequest:
     params: list[Any]                # SamplingParams, one per prompt
     n: int                           # choices per prompt
     created: int = field(default_factory=P.now)
+    options: Any = None              # vllm_extras.AnswerOptions: how the answer is rendered
     tools: list = field(default_factory=list)        # ToolSpec (g906/server/parsers/base.py)
     tool_choice: Any = None                          # ToolChoice (g906/server/tools.py); None: no tools
     parallel_tool_calls: bool = True
@@ -50,16 +51,18 @@ class GenerationRequest:
         return sum(len(p.ids) for p in self.prompts)
 
 
-def max_tokens_in_context(requested: int | None, *, prompt_len: int, max_model_len: int, prompt_param: str) -> int:
-    """The tokens a request may generate: what it asked for (the rest of the context by default);
-    400 context_length_exceeded when the prompt, or the prompt and what it asked for, do not fit."""
+def max_tokens_in_context(requested: int | None, *, prompt_len: int, max_model_len: int, prompt_param: str,
+                          default: int | None = None) -> int:
+    """The tokens a request may generate: what it asked for (by default the server's default, at
+    most the rest of the context); 400 context_length_exceeded when the prompt, or the prompt and
+    what it asked for, do not fit."""
     if prompt_len >= max_model_len:
         raise bad_request(
             f"the prompt has {prompt_len} tokens, but this model's context (max_model_len) is {max_model_len} tokens",
             param=prompt_param, code="context_length_exceeded")
     room = max_model_len - prompt_len
     if requested is None:
-        return room
+        return room if default is None else min(default, room)
     if requested > room:
         raise bad_request(
             f"this model's context (max_model_len) is {max_model_len} tokens; the prompt has {prompt_len} and "
@@ -69,13 +72,15 @@ def max_tokens_in_context(requested: int | None, *, prompt_len: int, max_model_l
 
 
 def openai_sampling_params(req: P._SamplingFields, *, max_tokens: int | None, prompt_len: int,
-                           max_model_len: int, logprobs: int | None, prompt_param: str, structured=None):
+                           max_model_len: int, logprobs: int | None, prompt_param: str, structured=None,
+                           logit_bias: dict[int, float] | None = None, extra: dict | None = None,
+                           default_max_tokens: int | None = None):
     """The engine's SamplingParams from the sampling fields both OpenAI requests share;
     structured: the request's StructuredOutputsParams (g906/server/structured.py), if any."""
     from g906.engine.sampling_params import SamplingParams
 
     max_tokens = max_tokens_in_context(max_tokens, prompt_len=prompt_len, max_model_len=max_model_len,
-                                       prompt_param=prompt_param)
+                                       prompt_param=prompt_param, default=default_max_tokens)
     stop = req.stop if req.stop is not None else []
     try:
         return SamplingParams(
@@ -86,7 +91,8 @@ def openai_sampling_params(req: P._SamplingFields, *, max_tokens: int | None, pr
             max_tokens=max_tokens, min_tokens=min(req.min_tokens, max_tokens), stop=stop,
             stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos,
             include_stop_str_in_output=req.include_stop_str_in_output, logprobs=logprobs,
-            skip_special_tokens=req.skip_special_tokens, structured_outputs=structured,
+            skip_special_tokens=req.skip_special_tokens, structured_outputs=structured, logit_bias=logit_bias,
+            **(extra or {}),
         )
     except ValueError as exc:
         raise bad_request(str(exc), param=getattr(exc, "param", None)) from None

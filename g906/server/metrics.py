@@ -35,6 +35,8 @@ class _EngineCollector:
         yield gauge("engine_steps", "Engine steps run so far.", "steps")
         if "prefix_cache_queried_tokens" in stats:
             yield from _prefix_cache(stats, model)
+        if "spec_num_drafts" in stats:
+            yield from _spec_metrics(stats, model)
         total = stats.get("kv_blocks_total", 0) or 1
         g = GaugeMetricFamily("g906:kv_cache_usage_perc", "Fraction of KV-cache blocks in use.", labels=["model_name"])
         g.add_metric([model], stats.get("kv_blocks_used", 0) / total)
@@ -65,6 +67,27 @@ def _prefix_cache(stats: dict, model: str):
         yield g
 
 
+def _spec_metrics(stats: dict, model: str):
+    """Speculative decoding's counters under vLLM's names (dashboards built for vLLM read them)."""
+    for key, name, doc in (
+        ("spec_num_drafts", "num_drafts", "Verify rows that carried drafts."),
+        ("spec_num_draft_tokens", "num_draft_tokens", "Draft tokens proposed."),
+        ("spec_num_accepted_tokens", "num_accepted_tokens", "Draft tokens accepted."),
+    ):
+        c = CounterMetricFamily(f"vllm:spec_decode_{name}", doc, labels=["model_name"])
+        c.add_metric([model], float(stats.get(key, 0)))
+        yield c
+    c = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by position.",
+                            labels=["model_name", "position"])
+    for pos, n in enumerate(stats.get("spec_accepted_per_pos", [])):
+        c.add_metric([model, str(pos)], float(n))
+    yield c
+    g = GaugeMetricFamily("g906:spec_decode_mean_acceptance_length",
+                          "Tokens emitted per verify row (1 + accepted drafts per draft).", labels=["model_name"])
+    g.add_metric([model], float(stats.get("spec_mean_acceptance_length", 0.0)))
+    yield g
+
+
 class Metrics:
     """Also the AsyncEngine observer."""
 
@@ -89,15 +112,16 @@ class Metrics:
         self.vllm = VllmRequestMetrics(r, m, _LATENCY_BUCKETS)     # the same figures under vllm: names
 
     # observer
-    def on_first_token(self, seconds: float) -> None:
+    def on_first_token(self, seconds: float, n: int = 1) -> None:
         self.ttft.observe(seconds)
-        self.generation_tokens.inc()
-        self.vllm.on_first_token(seconds)
+        self.generation_tokens.inc(n)
+        self.vllm.on_first_token(seconds, n)
 
-    def on_token(self, seconds: float) -> None:
+    def on_token(self, seconds: float, n: int = 1) -> None:
+        """n tokens arrived together (a speculative step): one gap observed, n tokens counted."""
         self.itl.observe(seconds)
-        self.generation_tokens.inc()
-        self.vllm.on_token(seconds)
+        self.generation_tokens.inc(n)
+        self.vllm.on_token(seconds, n)
 
     def on_finish(self, out) -> None:
         self._finished.labels(self.model, out.finish_reason or "unknown").inc()

@@ -95,6 +95,15 @@ def openapi_document(auth: bool = True) -> dict:
         "/metrics": get("metrics", "Prometheus metrics", None, media="text/plain"),
         "/version": get("version", "Server version", "VersionInfo"),
         "/ping": get("ping", "The same answer as /health", "HealthInfo", errors=(503,)),
+        "/v1/chat/completions/batch": post("createChatCompletionBatch", "vLLM's batch of conversations: "
+                                           "messages is a list of conversations; one chat.completion, not streamed",
+                                           "ChatCompletionRequest", "ChatCompletionResponse", "ChatCompletionChunk"),
+        "/load": get("serverLoad", "vLLM's server load: {\"server_load\": requests in flight}", None, auth=True,
+                     errors=(401,)),
+        "/tokenizer_info": get("tokenizerInfo", "vLLM's tokenizer information", None, auth=True, errors=(401, 503)),
+        "/invocations": post("invocations", "SageMaker entry point: a chat completion (messages) or a text "
+                             "completion (prompt)", "ChatCompletionRequest", "ChatCompletionResponse",
+                             "ChatCompletionChunk"),
         **tokenize_routes.openapi_paths(_ref, _errors),
         "/v1/messages": anthropic("createMessage", "Anthropic Messages API: a message", "MessagesRequest",
                                   "A message object, or (stream=true) Anthropic's server-sent events "

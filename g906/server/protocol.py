@@ -67,7 +67,8 @@ ContentPart = Union[TextPart, OtherPart]
 
 
 class ChatMessage(_Req):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    # any role, as vLLM accepts (custom roles reach the chat template, which decides)
+    role: str = Field(min_length=1)
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
@@ -106,7 +107,7 @@ class _SamplingFields(_Req):
     top_k: int | None = Field(None, ge=-1, description="-1 or 0: disabled.")
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     n: int = Field(1, ge=1, le=MAX_N)
-    seed: int | None = Field(None, ge=-(2**63), lt=2**64)
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63, description="A signed 64-bit integer (as vLLM).")
     stop: str | list[str] | None = Field(None, description="Up to 16 strings; generation ends before the first.")
     stop_token_ids: list[int] | None = Field(None, max_length=64)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -124,6 +125,16 @@ class _SamplingFields(_Req):
     guided_regex: str | None = Field(None, description="Alias of structured_outputs.regex.")
     guided_choice: list[str] | None = Field(None, description="Alias of structured_outputs.choice.")
     guided_grammar: str | None = Field(None, description="Alias of structured_outputs.grammar.")
+    # vLLM's extensions (g906/server/vllm_extras.py)
+    logit_bias: dict[str, float] | None = Field(None, description="Token id (string) -> bias, clamped to [-100, 100].")
+    return_token_ids: bool = Field(False, description="Choices carry token_ids; prompt_token_ids too.")
+    return_tokens_as_token_ids: bool = Field(False, description="Logprob tokens as \"token_id:<id>\".")
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, description="Keep this many prompt tokens (-1: the context).")
+    truncation_side: Literal["left", "right"] | None = Field(None, description="Which end truncation cuts (left).")
+    logprob_token_ids: list[int] | None = Field(None, max_length=1024, description="With logprobs: the "
+                                                "logprobs of these token ids (and the sampled one) at every step.")
+    prompt_logprobs: int | None = Field(None, ge=-1, le=MAX_LOGPROBS,
+                                        description="Top logprobs of each prompt token (-1: all; not streamed).")
 
     @field_validator("stop")
     @classmethod
@@ -150,7 +161,7 @@ class ChatCompletionRequest(_SamplingFields):
     max_tokens: int | None = Field(None, ge=1, description="Deprecated name of max_completion_tokens.")
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: int | None = Field(None, ge=-1, le=MAX_LOGPROBS, description="-1: the whole vocabulary.")
     tools: list[dict[str, Any]] | None = Field(None, description="Function tools (to the template; calls parsed back).")
     tool_choice: str | dict[str, Any] | None = Field(
         None, description="auto (default with tools), none, required, or {\"type\": \"function\", \"function\": {\"name\": ...}}.")
@@ -160,6 +171,9 @@ class ChatCompletionRequest(_SamplingFields):
         None, description="Extra chat template variables, e.g. {\"enable_thinking\": false}."
     )
     add_generation_prompt: bool = True
+    include_reasoning: bool = Field(True, description="false: the answer carries no reasoning.")
+    thinking_token_budget: int | None = Field(None, ge=0, description="At most this many thinking tokens, "
+                                              "then the end of the thinking is forced (needs a reasoning parser).")
 
 
 class CompletionRequest(_SamplingFields):
@@ -167,7 +181,7 @@ class CompletionRequest(_SamplingFields):
         description="Text, a list of texts, token ids, or a list of token-id lists."
     )
     max_tokens: int | None = Field(16, ge=1)
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    logprobs: int | None = Field(None, ge=-1, le=MAX_LOGPROBS, description="-1: the whole vocabulary.")
     echo: bool = False
     suffix: str | None = None
 
@@ -201,11 +215,26 @@ class PromptTokensDetails(_Resp):
     cached_tokens: int = 0          # prompt tokens served from the prefix cache
 
 
+class CompletionTokensDetails(_Resp):
+    reasoning_tokens: int = 0
+
+
 class Usage(_Resp):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
+
+
+class PromptLogprob(_Resp):
+    """vLLM's shape: one entry of a prompt position's {token id: PromptLogprob}."""
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
 
 
 class TopLogprob(_Resp):
@@ -256,7 +285,7 @@ class ResponseMessage(_Resp):
     content: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
-    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_calls: list[ToolCall] | None = None   # null when there are none (as vLLM and OpenAI)
 
 
 class ChatChoice(_Resp):
@@ -265,6 +294,7 @@ class ChatChoice(_Resp):
     logprobs: ChoiceLogprobs | None = None
     finish_reason: FinishReason | None
     stop_reason: str | int | None = None
+    token_ids: list[int] | None = None        # return_token_ids
 
 
 class ChatCompletionResponse(_Resp):
@@ -275,6 +305,8 @@ class ChatCompletionResponse(_Resp):
     choices: list[ChatChoice]
     usage: Usage
     system_fingerprint: str | None = None
+    prompt_token_ids: list[int] | None = None  # return_token_ids
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class DeltaMessage(_Resp):
@@ -291,6 +323,7 @@ class ChatChunkChoice(_Resp):
     logprobs: ChoiceLogprobs | None = None
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
+    token_ids: list[int] | None = None
 
 
 class ChatCompletionChunk(_Resp):
@@ -301,6 +334,7 @@ class ChatCompletionChunk(_Resp):
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+    prompt_token_ids: list[int] | None = None
 
 
 class CompletionLogprobs(_Resp):
@@ -316,6 +350,9 @@ class CompletionChoice(_Resp):
     logprobs: CompletionLogprobs | None = None
     finish_reason: Literal["stop", "length", "abort"] | None
     stop_reason: str | int | None = None
+    prompt_token_ids: list[int] | None = None  # return_token_ids (the choice's prompt)
+    token_ids: list[int] | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(_Resp):

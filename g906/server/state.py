@@ -23,6 +23,7 @@ class ServerState:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     architecture: str | None = None      # the model's (g906/arch name): picks the parsers named "auto"
+    default_max_tokens: int | None = None  # a chat request's max_tokens when it sets none (None: the context)
     engine: Any = None                   # AsyncEngine, once ready
     prompts: Any = None                  # PromptBuilder
     status: str = "loading"              # loading | ok | failed

@@ -68,14 +68,14 @@ class VllmRequestMetrics:
                              "Histogram of end to end request latency in seconds.", ["model_name"],
                              buckets=_E2E_BUCKETS, registry=r).labels(model)
 
-    def on_first_token(self, seconds: float) -> None:
+    def on_first_token(self, seconds: float, n: int = 1) -> None:
         self.ttft.observe(seconds)
-        self.generation_tokens.inc()
+        self.generation_tokens.inc(n)
 
-    def on_token(self, seconds: float) -> None:
+    def on_token(self, seconds: float, n: int = 1) -> None:
         self.itl.observe(seconds)
         self.tpot.observe(seconds)
-        self.generation_tokens.inc()
+        self.generation_tokens.inc(n)
 
     def on_finish(self, out) -> None:
         # vLLM's finished_reason values: stop, length, abort

@@ -85,8 +85,10 @@ def llm_from_plan(plan: Plan, *, progress: bool = False, warm_up: bool = False, 
     from g906.engine.llm import LLM
 
     args = model_args_from_plan(plan)
+    kw = args.load_kwargs()
+    kw.pop("keep_mtp", None)          # LLM keeps the MTP block when the config's speculation asks for it
     return LLM.from_config(args.source, engine_config_from_plan(plan, **engine_overrides), progress=progress,
-                           warm_up=warm_up, **args.load_kwargs())
+                           warm_up=warm_up, **kw)
 
 
 def open_recipe_model(recipe_path: Path, *, dtype: str = "auto", device: str | None = None,
@@ -128,10 +130,13 @@ def build_app(plan: Plan) -> tuple[Any, ServerState]:
     from g906.server.app import ServerState, create_app
     from g906.server.cors import add_cors
 
+    from g906.serving.generation_defaults import default_max_tokens
+
     state = ServerState(served_model_name=plan.served_model_name, reasoning_parser=plan.reasoning_parser,
                         tool_parser=plan.tool_parser, architecture=plan.architecture,
                         api_key=api_key_from_env(plan), max_body_bytes=max_body_bytes(),
-                        body_timeout_s=plan.recipe.server.body_timeout_s)
+                        body_timeout_s=plan.recipe.server.body_timeout_s,
+                        default_max_tokens=default_max_tokens(plan))
     app = create_app(state)
     add_cors(app, plan.allowed_origins)
     return app, state

@@ -28,10 +28,14 @@ class ModelArgs:
     devices: list[int] | None = None   # GPU indices, one per tensor-parallel rank
     tensor_parallel_size: int = 1
     chat_template: str | None = None   # a template file overriding the model's
+    keep_mtp: bool = False             # keep the MTP block (speculative method "mtp")
 
     def load_kwargs(self) -> dict[str, Any]:
-        return {"dtype": self.dtype, "device": self.device, "devices": self.devices,
-                "tensor_parallel_size": self.tensor_parallel_size, "chat_template": self.chat_template}
+        kw = {"dtype": self.dtype, "device": self.device, "devices": self.devices,
+              "tensor_parallel_size": self.tensor_parallel_size, "chat_template": self.chat_template}
+        if self.keep_mtp:
+            kw["keep_mtp"] = True
+        return kw
 
 
 def model_source(plan: Plan) -> str:
@@ -53,6 +57,7 @@ def model_args_from_plan(plan: Plan) -> ModelArgs:
         source=model_source(plan), dtype=plan.dtype, device=plan_device(plan), devices=plan.devices,
         tensor_parallel_size=plan.tensor_parallel_size,
         chat_template=str(plan.chat_template_path) if plan.chat_template_path else None,
+        keep_mtp=(getattr(plan, "speculative", None) or {}).get("method") == "mtp",
     )
 
 
@@ -76,6 +81,7 @@ def engine_config_from_plan(plan: Plan, **overrides: Any) -> EngineConfig:
         enable_prefix_caching=bool(plan.recipe.engine.prefix_caching),
         prefix_state_stride=emb.prefix_state_stride,
         prefix_snapshot_share=emb.prefix_snapshot_share,
+        speculative=getattr(plan, "speculative", None),
     )
     fields = {f.name for f in dataclasses.fields(EngineConfig)}
     unknown = sorted(set(overrides) - fields)

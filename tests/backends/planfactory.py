@@ -57,6 +57,7 @@ def plan_from_recipe(recipe: Recipe, recipe_path: Path | None = None) -> Plan:
         reasoning_parser=recipe.engine.reasoning_parser, tool_parser=recipe.server.tool_parser,
         host=recipe.server.host, port=recipe.server.port,
         api_key_env=recipe.server.api_key_env, env=dict(recipe.env),
+        speculative=recipe.engine.speculative.config().to_vllm() if recipe.engine.speculative else None,
     )
 
 

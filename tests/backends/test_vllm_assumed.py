@@ -123,3 +123,19 @@ def test_multimodal_sizes_fit_the_assumed_vllm(no_vllm):
     cmd = build_vllm_command(plan, inst, environ={})
     value = cmd.argv[cmd.argv.index("--limit-mm-per-prompt") + 1]
     assert json.loads(value) == {"image": {"count": 1, "width": 512, "height": 512}, "video": 0}
+
+
+def test_speculative_config_is_handed_over(no_vllm):
+    """[engine.speculative] reaches vLLM as --speculative-config JSON (a model-specific MTP name
+    normalised to vLLM's "mtp")."""
+    plan = make_plan(model={"source": "Qwen/Qwen3.5-9B"},
+                     engine={"kind": "vllm", "speculative": {"method": "qwen3_next_mtp", "num_speculative_tokens": 2}})
+    cmd = build_vllm_command(plan, detect_vllm_for_plan(plan, assume_if_missing=True), environ={})
+    argv = dry_run_json(cmd)["argv"]
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == {"method": "mtp", "num_speculative_tokens": 2}
+    plan = make_plan(model={"source": "Qwen/Qwen3.5-9B"},
+                     engine={"kind": "vllm", "speculative": {"method": "ngram", "num_speculative_tokens": 4,
+                                                             "prompt_lookup_max": 3}})
+    argv = dry_run_json(build_vllm_command(plan, detect_vllm_for_plan(plan, assume_if_missing=True), environ={}))["argv"]
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == {
+        "method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 3, "prompt_lookup_max": 3}

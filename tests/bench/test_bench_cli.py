@@ -201,3 +201,29 @@ def test_multi_turn_reports_hits_and_ttft_per_turn():
     off = json.loads((r2 := _bench(base + ["--no-prefix-caching", "--drop-answer"])).stdout[r2.stdout.index("{"):])
     assert off["prefix_caching"] is False and all(t["cached_tokens"] == 0 for t in off["turns"])
     assert [t["prompt_tokens"] for t in off["turns"]] == [40, 50, 60]
+
+
+def test_offline_speculative_reports_acceptance_and_speedup(tmp_path):
+    """--speculative-config: the run with speculation, then the same workload without it."""
+    from tests.engine.gguf_writer import write_gguf
+    from tests.engine.spec_models import markov_mtp_dir
+
+    d = markov_mtp_dir(tmp_path)
+    gguf = write_gguf(d, tmp_path / "m.gguf", qtype="F32", mtp_layers=1, tokenizer_dir=d)[0]
+    r = _bench(["--model", str(gguf), "-n", "2", "--prompt-len", "8", "--output-len", "12", "--json",
+                "--no-bandwidth", "--device", "cpu", "--speculative-config",
+                '{"method": "mtp", "num_speculative_tokens": 2}'])
+    assert r.exit_code == 0, r.output
+    res = json.loads(r.stdout[r.stdout.index("{"):])
+    # tokens of one verify step arrive together: inter-token latencies of 0 are real here
+    assert res["completed"] == 2 and res["output_tokens"] == 24 and res["output_tok_s"] > 0
+    sp = res["speculative"]
+    assert sp["config"] == {"method": "mtp", "num_speculative_tokens": 2}
+    assert sp["drafts"] > 0 and 1.0 <= sp["mean_acceptance_length"] <= 3.0
+    assert len(sp["accepted_per_pos"]) == 2 and sp["speedup"] > 0 and sp["baseline_output_tok_s"] > 0
+    import subprocess
+    import sys
+
+    bad = subprocess.run([sys.executable, "-m", "g906", "bench", "--model", str(gguf), "-n", "1",
+                          "--speculative-config", '{"method": "mtp"}'], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "num_speculative_tokens: is required" in bad.stderr + bad.stdout

@@ -12,7 +12,7 @@ What the converter does and this helper reproduces:
   dt_bias -> ssm_dt.bias; conv1d squeezed to [C, K];
 - V heads reordered grouped -> tiled (value heads > key heads) in in_proj_qkv (V rows), in_proj_z,
   in_proj_a, in_proj_b, A_log, dt_bias, conv1d (V channels), out_proj (columns);
-- MTP: HF mtp.* appended as blocks L.. (mtp.fc -> nextn.eh_proj, pre_fc_norm_embedding -> enorm,
+- MTP: HF mtp.* (the source's, else random_mtp_tensors) appended as blocks L.. (mtp.fc -> nextn.eh_proj, pre_fc_norm_embedding -> enorm,
   pre_fc_norm_hidden -> hnorm, norm -> shared_head_norm; renamed BEFORE the +1 rule, so those
   norms get +1 too), block_count includes them and nextn_predict_layers is written;
 - 1-D tensors, *_norm.weight and ssm_conv1d stay F32; other tensors take the requested type,
@@ -404,7 +404,7 @@ def write_gguf(
         tensors.pop("lm_head.weight", None)  # tied: the checkpoint carries no separate head
     moe = bool(hp.get("num_experts"))
     arch = arch or ("qwen35moe" if moe else "qwen35")
-    if mtp_layers:
+    if mtp_layers and not any(k.startswith("mtp.") for k in tensors):   # the source's own, else random
         tensors.update(random_mtp_tensors(hp, mtp_layers))
     if moe:
         tensors = stack_experts(tensors, hp["num_experts"], gate_up_stacked)

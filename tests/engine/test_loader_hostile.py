@@ -157,3 +157,23 @@ def test_config_values_are_checked_by_name(tiny_qwen35_hf_dir, tmp_path, key, va
     with pytest.raises(G906Error) as e:
         config_from_hf_dir(d)
     assert "config.json" in e.value.message and (key in e.value.message or "wrong type" in e.value.message)
+
+
+def test_config_context_is_bounded_at_tp2_too(tiny_qwen35_hf_dir, tmp_path):
+    """The same bound on every tensor-parallel rank (workers build their own rotary tables)."""
+    from g906.engine.loader import load_model
+
+    d = tmp_path / "huge-ctx-tp"
+    shutil.copytree(tiny_qwen35_hf_dir, d)
+    cfg = json.loads((d / "config.json").read_text())
+    (cfg.get("text_config") or cfg)["max_position_embeddings"] = 1 << 62
+    (d / "config.json").write_text(json.dumps(cfg))
+    loaded = load_model(str(d), dtype="float32", device="cpu", progress=False, max_model_len=64,
+                        tensor_parallel_size=2)
+    try:
+        assert loaded.config.max_position_embeddings == 64
+    finally:
+        loaded.model.close()
+    with pytest.raises(G906Error) as e:
+        load_model(str(d), dtype="float32", device="cpu", progress=False, tensor_parallel_size=2)
+    assert "max_position_embeddings" in e.value.message

@@ -16,7 +16,7 @@ RECIPES = sorted((REPO / "recipes").glob("*.toml"))
 
 
 def write_gguf(path: Path, arch: str = "qwen35", *, context_length: int = 4096, quant: bool = True,
-               split_max_tensors: int = 0) -> Path:
+               split_max_tensors: int = 0, nextn: int = 0) -> Path:
     from gguf import GGMLQuantizationType, GGUFWriter
     from gguf.quants import quantize
 
@@ -29,6 +29,8 @@ def write_gguf(path: Path, arch: str = "qwen35", *, context_length: int = 4096, 
         w.add_feed_forward_length(128)
         w.add_head_count(4)
         w.add_head_count_kv(2)
+        if nextn:
+            w.add_uint32(f"{arch}.nextn_predict_layers", nextn)
     w.add_tensor("token_embd.weight", np.zeros((8, 64), dtype=np.float16))
     w.add_tensor("output_norm.weight", np.ones((64,), dtype=np.float32))
     if quant:
@@ -42,13 +44,15 @@ def write_gguf(path: Path, arch: str = "qwen35", *, context_length: int = 4096, 
 
 
 def write_hf_dir(path: Path, *, vision: bool = False, quant_method: str | None = None,
-                 architectures: list[str] | None = None, tokenizer: bool = True) -> Path:
+                 architectures: list[str] | None = None, tokenizer: bool = True, mtp: int = 0) -> Path:
     from safetensors.numpy import save_file
 
     path.mkdir(parents=True, exist_ok=True)
     text = {"num_hidden_layers": 4, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
             "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256, "max_position_embeddings": 8192,
             "full_attention_interval": 4}
+    if mtp:
+        text["mtp_num_hidden_layers"] = mtp
     config: dict = {"architectures": architectures or ["Qwen3_5ForConditionalGeneration"], "text_config": text}
     if vision:
         config["vision_config"] = {"depth": 2, "hidden_size": 32}

@@ -204,7 +204,8 @@ def test_thinking_switch_reaches_the_template(aserver, aclient, thinking, enable
     raw = httpx.post(aserver.url + "/v1/messages", json={"max_tokens": 1, "messages": USER, "thinking": thinking},
                      headers={"x-api-key": API_KEY}, timeout=60)
     assert raw.status_code == 200
-    assert ("thinking.budget_tokens" in raw.headers.get("x-g906-ignored-fields", "")) == enable
+    # this server has a reasoning parser: the budget is enforced, so never reported as ignored
+    assert "thinking.budget_tokens" not in raw.headers.get("x-g906-ignored-fields", "")
 
 
 def test_auth_and_size_errors_in_anthropic_shape(aserver):
@@ -219,3 +220,13 @@ def test_auth_and_size_errors_in_anthropic_shape(aserver):
     r = httpx.post(url, content=b"{not json", headers={"x-api-key": API_KEY}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     assert httpx.get(aserver.url + "/health", timeout=10).status_code == 200
+
+
+def test_thinking_budget_is_enforced_with_a_reasoning_parser(aclient):
+    # the served model has the qwen3 reasoning parser: budget_tokens caps the thinking (the end
+    # tag is forced), so the answer carries no ignored-field notice for it
+    r = aclient.messages.with_raw_response.create(
+        model="tiny", max_tokens=24, messages=[{"role": "user", "content": "think"}],
+        thinking={"type": "enabled", "budget_tokens": 3})
+    assert r.http_response.status_code == 200
+    assert "budget_tokens" not in (r.http_response.headers.get("x-g906-ignored-fields") or "")

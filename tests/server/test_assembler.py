@@ -258,23 +258,25 @@ def test_streamed_tool_calls_reassemble_to_the_full_answer(data, opened, n, para
         from g906.server.parsers.base import merge_tool_calls
 
         whole = merge_tool_calls(k1 + k2)
-        assert [(t.function.name, t.function.arguments) for t in msg.tool_calls] == [(t.name, t.arguments) for t in whole]
+        # no calls: null, as vLLM and OpenAI answer
+        assert [(t.function.name, t.function.arguments) for t in msg.tool_calls or []] == [(t.name, t.arguments) for t in whole]
+        assert (msg.tool_calls is None) == (not whole)
         assert msg.reasoning_content == reasoning
         assert msg.content == (None if whole and not c1 + c2 else (c1 + c2 if content is not None or whole else None))
-        for t in msg.tool_calls:
+        for t in msg.tool_calls or []:
             json.loads(t.function.arguments)               # always a JSON object
             assert isinstance(json.loads(t.function.arguments), dict)
         if not parallel:
-            assert len(msg.tool_calls) <= 1
+            assert len(msg.tool_calls or []) <= 1
         a = full_a.choices[i].message
-        assert (a.content, a.reasoning_content, [(t.function.name, t.function.arguments) for t in a.tool_calls]) == \
-            (msg.content, msg.reasoning_content, [(t.function.name, t.function.arguments) for t in msg.tool_calls])
+        assert (a.content, a.reasoning_content, [(t.function.name, t.function.arguments) for t in a.tool_calls or []]) == \
+            (msg.content, msg.reasoning_content, [(t.function.name, t.function.arguments) for t in msg.tool_calls or []])
         # the stream of the same steps, joined, says the same
         mine = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["index"] == i]
         assert "".join(c["delta"].get("reasoning_content") or "" for c in mine) == (msg.reasoning_content or "")
         assert "".join(c["delta"].get("content") or "" for c in mine) == (msg.content or "")
         assert [(name, args) for _, name, args in streamed_calls(mine)] == \
-            [(t.function.name, t.function.arguments) for t in msg.tool_calls]
+            [(t.function.name, t.function.arguments) for t in msg.tool_calls or []]
         want = "tool_calls" if msg.tool_calls and reason == "stop" else reason
         assert mine[-1]["finish_reason"] == full_b.choices[i].finish_reason == want
         assert all(c["finish_reason"] is None for c in mine[:-1])

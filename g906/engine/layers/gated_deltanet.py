@@ -66,6 +66,7 @@ class GatedDeltaNet(WeightHolder):
         self.dt_bias = None
         self.conv_state: torch.Tensor | None = None  # [S, conv_dim, K] rings, set by bind_cache
         self.ssm_state: torch.Tensor | None = None   # [S, Hv, Dk, Dv] fp32
+        self._kept = None    # a verify step's states before it and its inputs (_keep, rollback)
 
     def weight_specs(self) -> dict[str, WeightSpec]:
         return {
@@ -91,6 +92,8 @@ class GatedDeltaNet(WeightHolder):
                                     dtype=torch.float32, device=qkv.device)
             slots = torch.arange(nseq, dtype=torch.int32, device=qkv.device)
             has_init = torch.zeros(nseq, dtype=torch.bool, device=qkv.device)
+        if ctx.keep_linear_inputs:
+            self._keep(qkv, a, b, ctx, conv_state, ssm_state)
         if ctx.is_prefill:
             qkv = ops.causal_conv1d_prefill(qkv, w, ctx.cu_seqlens_q, conv_state, slots, has_init,
                                             ctx.context_lens)
@@ -117,3 +120,52 @@ class GatedDeltaNet(WeightHolder):
             if norm_in_step:
                 return self.out_proj(o.reshape(t, self.value_dim), then)
         return self.out_proj.forward_gated_norm(o, z, self.norm, then)
+
+    # -- speculative verification ---------------------------------------------------------------
+    def _keep(self, qkv, a, b, ctx: ForwardContext, conv_state, ssm_state) -> None:
+        """Before a verify step: the states of its sequences and the step's conv inputs and
+        gates. Replaying the accepted prefix from these costs no projection (the GEMMs are the
+        step's cost) and keeps one state copy per sequence instead of one per position."""
+        slots = ctx.state_slots.long()
+        self._kept = (conv_state.index_select(0, slots), ssm_state.index_select(0, slots), qkv.clone(),
+                      a.clone(), b.clone(), ctx.cu_seqlens_q, ctx.state_slots, ctx.context_lens)
+
+    def rollback(self, keep: torch.Tensor) -> None:
+        """End each sequence's state after its first keep[i] tokens of the kept verify step:
+        restore the state from before the step and run the conv and the recurrence over those
+        tokens again (exactly what a prefill of them computes). keep [B] int; a sequence that
+        keeps all its tokens is left as the step wrote it."""
+        kept, self._kept = self._kept, None
+        if kept is None:
+            return
+        conv0, ssm0, qkv, a, b, cu, slots, ctx_lens = kept
+        cu_l = cu.tolist()
+        keep_l = [int(x) for x in keep.tolist()]
+        redo = [i for i in range(len(keep_l)) if keep_l[i] < cu_l[i + 1] - cu_l[i]]
+        if not redo:
+            return
+        dev = qkv.device
+        idx = torch.tensor(redo, dtype=torch.long, device=dev)
+        sl = slots.long().index_select(0, idx)
+        self.conv_state.index_copy_(0, sl, conv0.index_select(0, idx))
+        self.ssm_state.index_copy_(0, sl, ssm0.index_select(0, idx))
+        rows = [r for i in redo for r in range(cu_l[i], cu_l[i] + keep_l[i])]
+        if not rows:
+            return
+        rows_t = torch.tensor(rows, dtype=torch.long, device=dev)
+        sub_cu = [0]
+        for i in redo:
+            sub_cu.append(sub_cu[-1] + keep_l[i])
+        i32 = dict(dtype=torch.int32, device=dev)
+        cu_t = torch.tensor(sub_cu, **i32)
+        sl32 = sl.to(torch.int32)
+        has_init = torch.ones(len(redo), dtype=torch.bool, device=dev)
+        x = ops.causal_conv1d_prefill(qkv.index_select(0, rows_t), self.conv1d.weight, cu_t, self.conv_state, sl32,
+                                      has_init, ctx_lens.index_select(0, idx))
+        t = x.shape[0]
+        q, k, v = x.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        ops.gated_delta_rule_prefill(
+            q.reshape(t, self.num_k_heads, self.head_k_dim), k.reshape(t, self.num_k_heads, self.head_k_dim),
+            v.reshape(t, self.num_v_heads, self.head_v_dim), a.index_select(0, rows_t), b.index_select(0, rows_t),
+            self.A_log, self.dt_bias, cu_t, self.ssm_state, sl32, has_init, v_head_order=self.head_order,
+        )

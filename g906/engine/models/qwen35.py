@@ -274,6 +274,21 @@ class Qwen35ForCausalLM(nn.Module):
         return self.model(input_ids, positions, ctx)
 
     @torch.inference_mode()
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The token embeddings (the MTP block shares them)."""
+        return self.model.embed_tokens(input_ids)
+
+    @torch.inference_mode()
+    def rollback_linear_state(self, keep: torch.Tensor) -> None:
+        """After a forward with ctx.keep_linear_inputs (a speculative verify step): end each
+        sequence's linear-attention state after its first keep[i] tokens of that step. Full
+        attention needs nothing: the KV of rejected positions lies beyond the sequence's length
+        and is overwritten by the next step."""
+        for layer in self.model.layers:
+            if layer.layer_type == "linear_attention":
+                layer.linear_attn.rollback(keep)
+
+    @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return ops.linear(hidden, w).float()

@@ -11,7 +11,9 @@ the compute group (NCCL on GPUs, so tensors already on the device never visit th
 
 Commands (see engine.py / worker.py): "cache" (allocate and bind a cache of the given shape),
 "forward" (input ids, positions, the ForwardContext's fields), "logits" (the hidden rows to
-project; the pieces are gathered on rank 0), "shutdown". The ranks are processes of one user on
+project; the pieces are gathered on rank 0), "embed" (token ids: the vocab-parallel embedding,
+for the MTP drafter), "rollback" (a speculative verify step's kept tokens per sequence),
+"shutdown". The ranks are processes of one user on
 one host, so pickle is only ever read from the process that spawned the reader."""
 
 from __future__ import annotations

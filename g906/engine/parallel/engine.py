@@ -36,6 +36,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from g906.arch.config import bound_positions
 from g906.arch.tp import check_tp_size
 from g906.engine.parallel.group import Comm, abort_distributed, destroy_distributed, init_distributed, timeout_s
 from g906.engine.synthetic import is_synthetic, open_synthetic
@@ -47,18 +48,21 @@ STARTUP_TIMEOUT_S = 300.0
 _ACTIVE: list["TPGroup"] = []
 
 
-def load_rank(source: str, comm: Comm, *, dtype: torch.dtype, device, progress: bool = False, src=None):
+def load_rank(source: str, comm: Comm, *, dtype: torch.dtype, device, progress: bool = False, src=None,
+              max_model_len: int | None = None, keep_mtp: bool = False):
     """Open `source` (unless `src` is the opened source) and load this rank's share:
-    (model, source object, global config, stats)."""
+    (model, source object, global config, stats). Position tables are sized for at most
+    max_model_len, as on one device (bound_positions). keep_mtp: keep the MTP block's weights
+    whole (rank 0 drafts with them; the workers never need them)."""
     from g906.engine.sources import open_source
     from g906.engine.parallel.layers import build_rank_model
     from g906.engine.parallel.sharding import shard_weights
 
     if src is None:
         src = open_synthetic(source, dtype, device) if is_synthetic(source) else open_source(str(source))[0]
-    config = src.config()
+    config = bound_positions(src.config(), max_model_len, source=str(source))
     check_tp_size(config, comm.size)
-    model = build_rank_model(config, comm, dtype=dtype, device=device)
+    model = build_rank_model(config, comm, dtype=dtype, device=device, keep_mtp=keep_mtp)
     try:
         weights = src.weights(progress=progress)
     except TypeError:
@@ -100,7 +104,7 @@ class TPGroup:
         self._lock = threading.Lock()
 
     # -- start ----------------------------------------------------------------------------------
-    def launch(self, source: str, dtype: torch.dtype) -> None:
+    def launch(self, source: str, dtype: torch.dtype, max_model_len: int | None = None) -> None:
         _ACTIVE.append(self)
         env = dict(os.environ)
         pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -111,7 +115,7 @@ class TPGroup:
             r, w = os.pipe()
             spec = {"rank": rank, "size": self.size, "device": str(self.devices[rank]), "store": self.store,
                     "source": source, "dtype": str(dtype).replace("torch.", ""), "status_fd": w,
-                    "threads": torch.get_num_threads(), "timeout_s": self.timeout_s}
+                    "threads": torch.get_num_threads(), "timeout_s": self.timeout_s, "max_model_len": max_model_len}
             try:
                 proc = subprocess.Popen([sys.executable, "-m", "g906.engine.parallel.worker"], stdin=subprocess.PIPE,
                                         stdout=2, pass_fds=(w,), env={**env, "G906_TP_RANK": str(rank)},
@@ -361,6 +365,19 @@ class TPModel(nn.Module):
             full = self.group.comm.gather_rows(rank_logits(self.inner, hidden))
         return full[:, : self.global_config.vocab_size]
 
+    @torch.inference_mode()
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The token embeddings (vocab-parallel: every rank adds its rows in an all-reduce)."""
+        with self.group.collective("embed"):
+            self.group.channel.send("embed", {}, {"ids": input_ids})
+            return self.inner.embed(input_ids)
+
+    def rollback_linear_state(self, keep: torch.Tensor) -> None:
+        """Qwen35ForCausalLM.rollback_linear_state on every rank (each holds its heads' states)."""
+        with self.group.collective("rollback"):
+            self.group.channel.send("rollback", {}, {"keep": keep})
+            self.inner.rollback_linear_state(keep)
+
     def bind_cache(self, cache) -> None:
         with self.group.collective("cache"):
             self.group.channel.send("cache", {
@@ -420,7 +437,8 @@ def _devices(tp: int, device, devices) -> list[torch.device]:
 
 
 def load_model_tp(source: str, *, tensor_parallel_size: int, dtype="auto", device=None, devices=None,
-                  chat_template: str | None = None, progress: bool = True):
+                  chat_template: str | None = None, progress: bool = True, max_model_len: int | None = None,
+                  keep_mtp: bool = False):
     """load_model for tensor_parallel_size > 1: a LoadedModel whose .model is a TPModel.
     `devices`: GPU indices, one per rank (default: consecutive from `device`)."""
     from g906.engine.device import resolve_dtype
@@ -438,16 +456,16 @@ def load_model_tp(source: str, *, tensor_parallel_size: int, dtype="auto", devic
         src, fmt = open_synthetic(source, cdtype, devs[0]), "synthetic"
     else:
         src, fmt = open_source(source)
-    config = src.config()
+    config = bound_positions(src.config(), max_model_len, source=source)
     check_tp_size(config, tp)
     if devs[0].type == "cpu":
         _share_cpu_threads(tp)
     t0 = time.perf_counter()
     group = TPGroup(tp, devs)
     try:
-        group.launch(source, cdtype)
+        group.launch(source, cdtype, max_model_len)
         model, src, config, stats = load_rank(source, group.comm, dtype=cdtype, device=devs[0], progress=progress,
-                                              src=src)
+                                              src=src, max_model_len=max_model_len, keep_mtp=keep_mtp)
         group.wait_for("loaded", STARTUP_TIMEOUT_S * 4, "load its weights")
     except BaseException:
         group.close(graceful=False)       # workers may still be loading: no command, just EOF

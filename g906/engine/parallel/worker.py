@@ -56,7 +56,7 @@ def main() -> int:
         device = torch.device(spec["device"])
         comm = init_distributed(rank, int(spec["size"]), device, spec["store"], float(spec["timeout_s"]))
         model, _src, _cfg, stats = load_rank(spec["source"], comm, dtype=getattr(torch, spec["dtype"]),
-                                             device=device)
+                                             device=device, max_model_len=spec.get("max_model_len"))
         report("loaded", info=stats)
         serve(comm, model)
         report("stopped")
@@ -103,6 +103,10 @@ def serve(comm, model) -> None:
             kwargs = {k[3:]: v for k, v in t.items() if k.startswith("kw.")}
             kwargs.update(meta.get("kw", {}))
             model.forward(t["input_ids"], t["positions"], ctx, **kwargs)
+        elif cmd == "embed":
+            model.embed(t["ids"])
+        elif cmd == "rollback":
+            model.rollback_linear_state(t["keep"])
         elif cmd == "logits":
             comm.gather_rows(rank_logits(model, t["hidden"]))
         elif cmd == "cache":

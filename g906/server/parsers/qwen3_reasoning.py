@@ -30,7 +30,7 @@ def _partial_suffix(text: str, tag: str) -> int:
 
 class Qwen3ReasoningParser:
     name = "qwen3"
-    end_tag = END             # what ends the reasoning (a constrained answer starts after it)
+    start_tag, end_tag = START, END   # what opens / ends the reasoning (a constrained answer starts after it)
 
     def __init__(self, prompt_text: str | None = None, *, opened: bool | None = None):
         self.state = "reasoning" if (opened if opened is not None else prompt_opens_reasoning(prompt_text)) else "start"
