@@ -198,13 +198,14 @@ def _arch_default(plan, kind: str) -> str:
 def _tool_parser(plan, install: VllmInstall) -> tuple[str | None, str | None]:
     """(vLLM's --tool-call-parser name, problem): server.tool_parser, "auto" from the architecture.
     g906's parser names are vLLM's (qwen3_coder reads the same format)."""
-    want = getattr(plan, "tool_parser", "auto") or "auto"
-    if want == "auto":
-        want = _arch_default(plan, "tool")
+    asked = getattr(plan, "tool_parser", "auto") or "auto"
+    want = _arch_default(plan, "tool") if asked == "auto" else asked
     if want == "none":
         return None, None
     info = install.flag("--tool-call-parser")
     if info is None or not install.supports("--enable-auto-tool-choice"):
+        if asked == "auto":      # a vLLM without tool calling still serves; only an explicit ask is refused
+            return None, None
         return None, (f"{install.describe} has no --tool-call-parser / --enable-auto-tool-choice flags "
                       f"(server.tool_parser = {want!r}); set it to \"none\" or upgrade vLLM")
     if info.choices is not None and want not in info.choices:

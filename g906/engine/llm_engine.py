@@ -22,6 +22,7 @@ from g906.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from g906.engine.sequence import Sequence
 from g906.engine.stop import StopStrings, token_stop
 from g906.engine.kernel_errors import reported_as_g906_errors
+from g906.engine.spec.config import merge_outputs, parse_speculative
 from g906.errors import G906Error
 
 log = logging.getLogger("g906.engine")
@@ -150,7 +151,7 @@ class LLMEngine:
         self.config = config = config or EngineConfig()
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
-        self.speculative = spec = _speculative(config.speculative, self.model_config)
+        self.speculative = spec = parse_speculative(config.speculative, self.model_config)
         # verify steps run their own forward (no state snapshots around it) and roll the linear
         # state back afterwards: the prefix cache is not combined with them, so it is off then
         use_prefix = config.enable_prefix_caching and spec is None
@@ -446,7 +447,7 @@ class LLMEngine:
                 seq.append_token(token)
                 self.num_generation_tokens += 1
                 out = self._process(req, token, lp, seq.num_tokens)
-                merged = out if merged is None else _merge(merged, out)
+                merged = out if merged is None else merge_outputs(merged, out)
                 if out.finished:
                     break
             outputs.append(merged)
@@ -581,36 +582,7 @@ def _cache_salt(loaded) -> str:
     return repr(sorted((k, str(info.get(k))) for k in keys))
 
 
-def _merge(a: StepOutput, b: StepOutput) -> StepOutput:
-    """One request's outputs of consecutive tokens of one step, as one."""
-    a.new_token_ids += b.new_token_ids
-    a.new_text += b.new_text
-    a.new_logprobs += b.new_logprobs
-    a.new_token_texts += b.new_token_texts
-    a.finished, a.finish_reason, a.stop_reason = b.finished, b.finish_reason, b.stop_reason
-    a.num_output_tokens = b.num_output_tokens
-    return a
-
-
 def torch_itemsize(dtype) -> int:
     import torch
 
     return torch.empty((), dtype=dtype).element_size()
-
-
-def _speculative(value, model_config):
-    """EngineConfig.speculative as a SpeculativeConfig (None: off); a bad value or an MTP
-    request for a model without an MTP block raises G906Error."""
-    from g906.arch.speculative import SpeculativeConfig, SpeculativeConfigError
-
-    try:
-        spec = SpeculativeConfig.parse(value)
-    except SpeculativeConfigError as exc:
-        raise G906Error(str(exc)) from None
-    except TypeError as exc:
-        raise G906Error(f"speculative_config: {exc}") from None
-    if spec is not None and spec.method == "mtp" and model_config.num_mtp_layers < 1:
-        from g906.engine.spec.decoder import mtp_missing_error
-
-        raise mtp_missing_error("this model file")
-    return spec

@@ -246,6 +246,7 @@ def test_runner_decodes_through_the_padded_path_on_cpu():
 
 def test_engine_config_enforce_eager_and_cpu_runner():
     lm = load_model("builtin:tiny-qwen35", dtype="float32", device="cpu", progress=False)
-    eng = LLMEngine(lm, EngineConfig(max_num_seqs=2, num_kv_blocks=8, max_model_len=64, enforce_eager=True))
+    eng = LLMEngine(lm, EngineConfig(max_num_seqs=2, num_kv_blocks=8, max_model_len=64, enforce_eager=True,
+                                     enable_prefix_caching=False))
     assert eng.config.enforce_eager and eng.runner.graphs is None      # no graphs on the CPU
     assert eng.runner.cache.num_blocks == 8 and eng.runner.cache.num_state_slots == 2

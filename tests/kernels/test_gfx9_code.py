@@ -42,7 +42,9 @@ tl = pytest.importorskip("triton.language")
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = "gfx908"
-SHAPES = data.load("models")["shapes"]
+# the dense shapes: an MoE shape's MLP runs on the routed-expert kernels (g906/kernels/moe), whose
+# gfx9 code is not checked here yet
+SHAPES = {m: s for m, s in data.load("models")["shapes"].items() if not s.get("num_experts")}
 QTYPES = ("Q4_K", "Q4_0", "Q5_K", "Q6_K", "Q8_0")
 MAX_VGPRS = 256          # a gfx906 lane's
 TWO_WAVES = 128          # two waves per SIMD

@@ -73,11 +73,15 @@ def test_streamed_usage_reports_cached_tokens(client):
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 64
 
 
-def test_no_leaks_after_load_with_disconnects(server, aclient):
-    asyncio.run(_load_with_disconnects(server, aclient))
+def test_no_leaks_after_load_with_disconnects(server):
+    asyncio.run(_load_with_disconnects(server))
 
 
-async def _load_with_disconnects(server, aclient):
+async def _load_with_disconnects(server):
+    # a client of this event loop (the session's async client belongs to another test's loop)
+    import openai
+
+    aclient = openai.AsyncOpenAI(base_url=server.v1, api_key=API_KEY, max_retries=0, timeout=180)
     system = [(i * 7 + 3) % 500 for i in range(60)]
 
     async def one(i: int):
