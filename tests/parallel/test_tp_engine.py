@@ -66,3 +66,23 @@ def test_warm_up_and_logprobs(tp_engine):
         outs += tp_engine.step()
     lps = [lp for o in outs for lp in o.new_logprobs]
     assert len(lps) == 3 and all(len(lp.top) == 3 and lp.logprob <= 0 for lp in lps)
+
+
+def test_structured_outputs_at_tp2(tp_engine):
+    """The grammar's masks are computed on rank 0 and applied to the gathered logits: constrained
+    requests beside free ones give the choices and the regex, and the free ones are unchanged."""
+    import re
+
+    from g906.engine.structured import StructuredOutputsParams
+
+    tok = tp_engine.tokenizer
+    prompts = [tok.encode("pick one"), tok.encode("a number"), [5, 6, 7]]
+    params = [SamplingParams(max_tokens=16, temperature=0.0,
+                             structured_outputs=StructuredOutputsParams(choice=["alpha", "beta gamma"])),
+              SamplingParams(max_tokens=16, temperature=0.9, seed=3,
+                             structured_outputs=StructuredOutputsParams(regex=r"[0-9]{3}-[a-z]{2}")),
+              SamplingParams(max_tokens=6, **GREEDY)]
+    got = run_all(tp_engine, prompts, params)
+    assert tok.decode(got["r0"], skip_special_tokens=True) in ("alpha", "beta gamma")
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", tok.decode(got["r1"], skip_special_tokens=True))
+    assert len(got["r2"]) == 6
