@@ -16,17 +16,6 @@ def gguf_types() -> dict[str, dict[str, Any]]:
     return _data.load("quant_types")["types"]
 
 
-def type_name(type_id: int) -> str:
-    for name, t in gguf_types().items():
-        if t["id"] == type_id:
-            return name
-    return f"type {type_id}"
-
-
-def is_supported(name: str) -> bool:
-    return name in gguf_types()
-
-
 def block_geometry(name: str) -> tuple[int, int]:
     """(elements, bytes) of one block of a GGUF type."""
     t = gguf_types().get(name)

@@ -3,8 +3,8 @@
 `dequantize(raw, qtype, shape)` turns raw ggml blocks (uint8, [..., row_bytes]) into float32,
 wherever the input tensor lives (CPU or GPU). The decoders are the kernels' torch reference
 (g906/kernels/linear/gguf_blocks.py: bit-identical to `gguf.quants.dequantize`,
-tests/engine/test_quant_dequant.py); the type table (g906/data/quant_types.toml) and the
-user-facing errors are the engine's.
+tests/engine/test_quant_dequant.py); the type table and the block geometry are g906.arch.quant's
+(g906/data/quant_types.toml), the user-facing errors the engine's.
 """
 
 from __future__ import annotations
@@ -14,14 +14,9 @@ from collections.abc import Sequence
 
 import torch
 
-from g906 import data as _data
+from g906.arch.quant import block_geometry, gguf_types as quant_types
 from g906.errors import G906Error
 from g906.kernels.linear.gguf_blocks import DECODERS, decode_blocks
-
-
-def quant_types() -> dict[str, dict]:
-    """The supported-type table (g906/data/quant_types.toml): name -> {id, block, bytes, storage}."""
-    return _data.load("quant_types")["types"]
 
 
 def type_name_for_id(type_id: int) -> str | None:
@@ -29,15 +24,6 @@ def type_name_for_id(type_id: int) -> str | None:
         if info["id"] == type_id:
             return name
     return None
-
-
-def block_geometry(qtype: str) -> tuple[int, int]:
-    """(elements per block, bytes per block) of a supported type."""
-    info = quant_types().get(qtype)
-    if info is None:
-        raise G906Error(f"unsupported GGUF tensor type {qtype!r}",
-                        hint="supported: " + ", ".join(quant_types()))
-    return int(info["block"]), int(info["bytes"])
 
 
 def row_bytes(qtype: str, n_elements: int) -> int:
