@@ -80,11 +80,18 @@ def start_server(tmp: Path, recipe_text: str, *, timeout: float = 180.0, ready: 
                  drain_timeout: float | None = None) -> Served:
     recipe = tmp / "recipe.toml"
     recipe.write_text(recipe_text)
-    err = tmp / "stderr.txt"
     drain = [] if drain_timeout is None else ["--drain-timeout", str(drain_timeout)]
+    return launch_up(tmp, [str(recipe), *drain], server_env(), timeout=timeout,
+                     want="Ready:" if ready else "Listening on")
+
+
+def launch_up(tmp: Path, args: list[str], env: dict[str, str], *, timeout: float, want: str = "Ready:") -> Served:
+    """`g906 up ARGS --port 0 --skip-doctor` in a subprocess, returned once a stdout line holds
+    `want` (stdout lines kept; stderr to tmp/stderr.txt)."""
+    err = tmp / "stderr.txt"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "g906", "up", str(recipe), "--port", "0", "--skip-doctor", *drain],
-        stdout=subprocess.PIPE, stderr=open(err, "w"), text=True, env=server_env(), cwd=tmp,
+        [sys.executable, "-m", "g906", "up", *args, "--port", "0", "--skip-doctor"],
+        stdout=subprocess.PIPE, stderr=open(err, "w"), text=True, env=env, cwd=tmp,
     )
     lines: list[str] = []
     q: queue.Queue = queue.Queue()
@@ -98,7 +105,6 @@ def start_server(tmp: Path, recipe_text: str, *, timeout: float = 180.0, ready: 
     threading.Thread(target=reader, daemon=True).start()
     url = None
     deadline = time.monotonic() + timeout
-    want = "Ready:" if ready else "Listening on"
     while time.monotonic() < deadline:
         try:
             line = q.get(timeout=1)

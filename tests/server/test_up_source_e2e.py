@@ -7,11 +7,7 @@ the access log. The GGUF load and the warm-up show progress."""
 from __future__ import annotations
 
 import os
-import queue
 import re
-import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -20,44 +16,15 @@ import pytest
 
 from tests.serving.hf_cache import add_to_hf_cache, dir_files
 
-from .conftest import Served, stop_server
+from .conftest import Served, launch_up, stop_server
 
 ORIGIN = "http://ui.example:3000"
 
 
 def start_up(tmp: Path, args: list[str], env: dict[str, str] | None = None, timeout: float = 240.0) -> Served:
     """`g906 up ARGS --port 0` in a subprocess, once it says Ready (stdout lines kept; stderr to a file)."""
-    err = tmp / "stderr.txt"
-    proc = subprocess.Popen([sys.executable, "-m", "g906", "up", *args, "--port", "0", "--skip-doctor"],
-                            stdout=subprocess.PIPE, stderr=open(err, "w"), text=True, cwd=tmp,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
-                                 "COLUMNS": "120", **(env or {})})
-    lines: list[str] = []
-    q: queue.Queue = queue.Queue()
-
-    def reader():
-        for line in proc.stdout:
-            lines.append(line)
-            q.put(line)
-        q.put(None)
-
-    threading.Thread(target=reader, daemon=True).start()
-    url = None
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            line = q.get(timeout=1)
-        except queue.Empty:
-            continue
-        if line is None:
-            break
-        m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-        if m and url is None:
-            url = m.group(0)
-        if "Ready:" in line:
-            return Served(url, proc, lines, err)
-    proc.kill()
-    raise RuntimeError(f"g906 up did not become ready:\n{''.join(lines)}\n{err.read_text()}")
+    return launch_up(tmp, args, {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "COLUMNS": "120",
+                                 **(env or {})}, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
