@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from g906.engine.synthetic import SEED, QuantPlan, make_tensor, shape_config, tensor_specs
-from g906.engine.weights import QuantizedTensor
+from g906.engine.weights import QuantizedExperts, QuantizedTensor
 from g906.errors import G906Error
 
 _FILE_TYPES = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7, "q4_k": 15}   # llama_ftype (Q4_K_M = 15)
@@ -92,22 +92,53 @@ def write_synthetic_gguf(shape: str, quant: str, path: str | Path, *, overrides:
     if quant not in _FILE_TYPES:
         raise G906Error(f"cannot write --quant {quant} as GGUF", hint="use f16, bf16, f32, q8_0 or q4_k")
     config = shape_config(shape, overrides)
-    if config.is_moe:
-        raise G906Error(f"--write-gguf writes dense shapes only; {shape} is a mixture of experts",
-                        hint="benchmark the MoE shape in memory (g906 bench --shape without --write-gguf)")
     if config.vocab_size < 600:
         raise G906Error("the GGUF tokenizer needs vocab_size >= 600", hint="raise the vocab_size override")
     dense = {"f32": torch.float32, "bf16": torch.bfloat16}.get(quant, torch.float16)
-    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN35, config.num_hidden_layers)
+    arch = "qwen35moe" if config.is_moe else "qwen35"
+    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN35MOE if config.is_moe else gguf.MODEL_ARCH.QWEN35,
+                                    config.num_hidden_layers)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    w = gguf.GGUFWriter(path=None, arch="qwen35")
+    w = gguf.GGUFWriter(path=None, arch=arch)
+    _add_header(w, gguf, config, shape, quant)
+
+    plan = QuantPlan(quant if quant in ("q8_0", "q4_k") else "f16", config)
+    specs = []
+    for name, kind, shp in tensor_specs(config):
+        qt = plan.qtype(name, shp[-1]) if kind in ("mat", "experts") else None
+        specs.append((name, kind, shp, qt, _gguf_name(tmap, name, kind)))
+
+    # the header needs every tensor's shape and size: from the specs, without the data
+    for name, kind, shp, qt, gname in specs:
+        _add_tensor_info(w, gguf, gname, _gguf_shape(kind, shp), qt, kind, dense)
+    w.write_header_to_file(path=out)
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    total = 0
+    for name, kind, shp, qt, gname in specs:
+        t = make_tensor(name, kind, shp, qt, dtype=dense, device=device, seed=seed)
+        arr = _file_array(name, kind, t, dense)
+        w.write_tensor_data(arr)
+        total += arr.nbytes
+        del t, arr
+    w.close()
+    return {"path": str(out), "bytes": out.stat().st_size, "tensor_bytes": total, "tensors": len(specs),
+            "shape": shape, "quant": quant, "architecture": arch}
+
+
+def _add_header(w, gguf, config, shape: str, quant: str) -> None:
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(f"g906-synthetic-{shape}-{quant}")
     w.add_block_count(config.num_hidden_layers)
     w.add_context_length(config.max_position_embeddings)
     w.add_embedding_length(config.hidden_size)
     w.add_feed_forward_length(config.intermediate_size)
+    if config.is_moe:
+        w.add_expert_count(config.num_experts)
+        w.add_expert_used_count(config.num_experts_per_tok)
+        w.add_expert_feed_forward_length(config.moe_intermediate_size)
+        w.add_expert_shared_feed_forward_length(config.shared_expert_intermediate_size)
     w.add_head_count(config.num_attention_heads)
     w.add_head_count_kv(config.num_key_value_heads)
     sections = list(config.mrope_section) + [0] * (4 - len(config.mrope_section))
@@ -128,67 +159,54 @@ def write_synthetic_gguf(shape: str, quant: str, path: str | Path, *, overrides:
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     _add_tokenizer(w, config.vocab_size)
 
-    plan = QuantPlan(quant if quant in ("q8_0", "q4_k") else "f16", config)
-    specs = []
-    for name, kind, shp in tensor_specs(config):
-        qt = plan.qtype(name, shp[1]) if kind == "mat" else None
-        specs.append((name, kind, shp, qt))
 
-    def produce(name, kind, shp, qt):
-        t = make_tensor(name, kind, shp, qt, dtype=dense, device=device, seed=seed)
-        new, val = _convert(name, t) if not isinstance(t, QuantizedTensor) else (name, t)
-        gname = tmap.get_name(new, try_suffixes=(".weight", ".bias"))
-        if gname is None:
-            raise G906Error(f"no GGUF name for {name}")
-        if isinstance(val, QuantizedTensor):
-            return gname, val.data.cpu().numpy(), gguf.GGMLQuantizationType[val.qtype]
-        if kind != "mat":
-            return gname, val.float().cpu().numpy().astype(np.float32), None
-        if dense == torch.float32:
-            return gname, val.cpu().numpy().astype(np.float32), None
-        if dense == torch.bfloat16:
-            return gname, val.contiguous().view(torch.int16).cpu().numpy().view(np.uint8).reshape(
-                val.shape[0], -1), gguf.GGMLQuantizationType.BF16
-        return gname, val.cpu().numpy().astype(np.float16), None
+def _gguf_name(tmap, name: str, kind: str) -> str:
+    new, _ = _convert(name, torch.zeros(1)) if kind not in ("mat", "experts", "dense") else (name, None)
+    gname = tmap.get_name(new, try_suffixes=(".weight", ".bias"))
+    if gname is None:
+        raise G906Error(f"no GGUF name for {name}")
+    # stacked experts have no .weight in the HF-side name; llama.cpp's files do
+    return gname + ".weight" if kind == "experts" and not gname.endswith(".weight") else gname
 
-    # the header needs every tensor's shape and size: from the specs, without the data
+
+def _gguf_shape(kind: str, shp: tuple[int, ...]) -> tuple[int, ...]:
+    if kind == "conv":
+        return (shp[0], shp[-1])
+    if kind == "dense" and shp[0] == 1:      # the shared-expert gate: llama.cpp's [n_embd]
+        return (shp[-1],)
+    return tuple(shp)
+
+
+def _add_tensor_info(w, gguf, gname: str, gshape: tuple[int, ...], qt: str | None, kind: str, dense) -> None:
+    """Header entry (numpy-order shape, bytes, GGML type) of one tensor."""
     from g906.engine.quant.dequant import block_geometry
 
-    names = []
-    for name, kind, shp, qt in specs:
-        new, _ = _convert(name, torch.zeros(1)) if kind != "mat" else (name, None)
-        gname = tmap.get_name(new, try_suffixes=(".weight", ".bias"))
-        if gname is None:
-            raise G906Error(f"no GGUF name for {name}")
-        if kind == "conv":
-            gshape: tuple[int, ...] = (shp[0], shp[-1])
-        else:
-            gshape = tuple(shp)
-        if qt is not None:
-            block, nbytes = block_geometry(qt)
-            byte_shape = (gshape[0], gshape[1] // block * nbytes)
-            w.add_tensor_info(gname, byte_shape, np.dtype(np.uint8), byte_shape[0] * byte_shape[1],
-                              raw_dtype=gguf.GGMLQuantizationType[qt])
-        elif kind == "mat" and dense == torch.bfloat16:
-            byte_shape = (gshape[0], gshape[1] * 2)
-            w.add_tensor_info(gname, byte_shape, np.dtype(np.uint8), byte_shape[0] * byte_shape[1],
-                              raw_dtype=gguf.GGMLQuantizationType.BF16)
-        elif kind == "mat":
-            item = 4 if dense == torch.float32 else 2
-            w.add_tensor_info(gname, gshape, np.dtype(np.float32 if item == 4 else np.float16),
-                              int(np.prod(gshape)) * item)
-        else:
-            w.add_tensor_info(gname, gshape, np.dtype(np.float32), int(np.prod(gshape)) * 4)
-        names.append(gname)
-    w.write_header_to_file(path=out)
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    total = 0
-    for (name, kind, shp, qt), gname in zip(specs, names):
-        got, arr, _ = produce(name, kind, shp, qt)
-        assert got == gname, (got, gname)
-        w.write_tensor_data(arr)
-        total += arr.nbytes
-    w.close()
-    return {"path": str(out), "bytes": out.stat().st_size, "tensor_bytes": total, "tensors": len(specs),
-            "shape": shape, "quant": quant}
+    n = int(np.prod(gshape))
+    if qt is not None:
+        block, nbytes = block_geometry(qt)
+        byte_shape = (*gshape[:-1], gshape[-1] // block * nbytes)
+        w.add_tensor_info(gname, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)),
+                          raw_dtype=gguf.GGMLQuantizationType[qt])
+    elif kind in ("mat", "experts") and dense == torch.bfloat16:
+        byte_shape = (*gshape[:-1], gshape[-1] * 2)
+        w.add_tensor_info(gname, byte_shape, np.dtype(np.uint8), n * 2, raw_dtype=gguf.GGMLQuantizationType.BF16)
+    elif kind in ("mat", "experts"):
+        item = 4 if dense == torch.float32 else 2
+        w.add_tensor_info(gname, gshape, np.dtype(np.float32 if item == 4 else np.float16), n * item)
+    else:                                     # norms, conv, A, dt bias, the router: F32 as the converter
+        w.add_tensor_info(gname, gshape, np.dtype(np.float32), n * 4)
+
+
+def _file_array(name: str, kind: str, t, dense) -> np.ndarray:
+    """The bytes of one tensor as the file stores them."""
+    if isinstance(t, (QuantizedTensor, QuantizedExperts)):
+        return t.data.cpu().numpy()
+    if kind not in ("mat", "experts"):
+        _, val = _convert(name, t)
+        arr = val.float().cpu().numpy().astype(np.float32)
+        return arr.reshape(-1) if kind == "dense" and arr.shape[0] == 1 else arr
+    if dense == torch.float32:
+        return t.cpu().numpy().astype(np.float32)
+    if dense == torch.bfloat16:
+        return t.contiguous().view(torch.int16).cpu().numpy().view(np.uint8).reshape(*t.shape[:-1], -1)
+    return t.cpu().numpy().astype(np.float16)

@@ -174,6 +174,33 @@ def test_write_gguf_then_bench_the_file(tmp_path):
     assert r.exit_code != 0
 
 
+def test_write_moe_gguf_as_llama_cpp_lays_it_out_then_bench_it(tmp_path):
+    path = tmp_path / "tiny-moe-q4k.gguf"
+    moe = ["--shape-override", "num_experts=8", "--shape-override", "num_experts_per_tok=2",
+           "--shape-override", "moe_intermediate_size=256", "--shape-override", "shared_expert_intermediate_size=256"]
+    pairs = [SMALL[i:i + 2] for i in range(0, len(SMALL), 2)]
+    small = [a for pair in pairs if not pair[1].startswith("intermediate_size") for a in pair]
+    r = _bench(["--shape", "qwen3.5-35b-a3b", *small, *moe, "--quant", "q4_k", "--write-gguf", str(path), "--json"])
+    assert r.exit_code == 0, r.output
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    assert bytes(reader.fields["general.architecture"].parts[-1]).decode() == "qwen35moe"
+    assert int(reader.fields["qwen35moe.expert_count"].parts[-1][0]) == 8
+    tensors = {t.name: t for t in reader.tensors}
+    # llama.cpp's element order: [in, out, experts]; the router and the shared gate stay F32
+    assert [int(x) for x in tensors["blk.0.ffn_gate_exps.weight"].shape] == [256, 256, 8]
+    assert [int(x) for x in tensors["blk.0.ffn_down_exps.weight"].shape] == [256, 256, 8]
+    assert tensors["blk.0.ffn_gate_exps.weight"].tensor_type.name == "Q4_K"
+    assert tensors["blk.3.ffn_down_exps.weight"].tensor_type.name == "Q6_K"
+    assert tensors["blk.0.ffn_gate_inp.weight"].tensor_type.name == "F32"
+    assert [int(x) for x in tensors["blk.0.ffn_gate_inp_shexp.weight"].shape] == [256]
+    r = _bench(["--model", str(path), "-n", "2", "-c", "2", "--prompt-len", "16", "--output-len", "4",
+                "--json", "--device", "cpu"])
+    assert r.exit_code == 0, r.output
+    _check(json.loads(r.stdout[r.stdout.index("{"):]), 2, 4)
+
+
 def test_offline_recipe(tmp_path):
     recipe = tmp_path / "r.toml"
     recipe.write_text('[model]\nsource = "builtin:tiny-qwen35"\n\n[limits]\nmax_model_len = 256\nmax_num_seqs = 2\n')
