@@ -53,6 +53,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64, help="output tokens per request")
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--repeats", type=int, default=2, help="best of this many runs per row")
+    ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
     llm = LLM(args.model, device=args.device) if args.device else LLM(args.model)
     for name, c in CONSTRAINTS.items():            # warm-up: compile the grammars, touch every path
@@ -69,6 +70,10 @@ def main() -> None:
     print("\nbatch  constraint   tok/s   % of unconstrained")
     for batch, name, best, _, ratio in rows:
         print(f"{batch:5d}  {name:10s} {best:8.1f}   {100 * ratio:6.1f}%")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"model": args.model, "tokens": args.tokens, "rows": [
+            {"batch": b, "constraint": name, "tok_s": round(best, 2), "tokens": n, "of_unconstrained": round(r, 4)}
+            for b, name, best, n, r in rows]}, indent=1))
 
 
 if __name__ == "__main__":
