@@ -4,6 +4,7 @@
     python benchmarks/prefix_cache.py                       # the demo model on the CPU
     python benchmarks/prefix_cache.py --first-len 4096 --turn-len 900        # the issue's 4k -> 12k
     python benchmarks/prefix_cache.py --shape qwen3.5-9b --device cuda       # a real shape (GPU)
+    python benchmarks/prefix_cache.py --speculative-config '{"method": "ngram", "num_speculative_tokens": 3}'
 
 Two figures:
   1. An agent conversation of --turns turns, each re-sending the history (first prompt
@@ -16,6 +17,10 @@ Two figures:
      alternated runs; the second request extends the first one's prompt (the issue's case, goal
      on the CPU: a ratio <= 0.3), or shares only the prefix (the first time a prefix is shared
      that way, it resumes at the last stride snapshot; later requests at the branch point).
+  3. The n samples of one request (--siblings, 4 by default) on a --shared-len token prompt:
+     prompt tokens computed in prefill steps and the time until every sample has its first
+     token, cache on / off (the siblings prefill the prompt once with it).
+--speculative-config (vLLM's JSON) runs every engine, cache on and off, with speculation.
 Everything is also written as JSON to --out (a file or a directory; $OUT is used when set)."""
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from g906.engine.sampling_params import SamplingParams  # noqa: E402
 def engine(loaded, on: bool, max_len: int, args) -> LLMEngine:
     cfg = EngineConfig(max_num_seqs=4, max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=max_len,
                        block_size=16, enable_prefix_caching=on, cpu_kv_cache_gib=args.cpu_kv_cache_gib,
-                       enforce_eager=args.enforce_eager)
+                       enforce_eager=args.enforce_eager, speculative=args.speculative_config)
     return LLMEngine(loaded, cfg)
 
 
@@ -100,6 +105,31 @@ def shared_prefix(loaded, args) -> dict:
     return out
 
 
+def siblings(loaded, args) -> dict:
+    """n samples of one --shared-len token prompt: prompt tokens computed in prefill steps and
+    seconds until every sample has its first token, with the cache on and off."""
+    vocab = loaded.config.vocab_size
+    prompt = [(i * 7919 + 29) % (vocab - 2) for i in range(args.shared_len)]
+    out = {}
+    for on in (True, False):
+        eng = engine(loaded, on, args.shared_len + 64, args)
+        eng.warm_up()
+        before = eng.stats()["prompt_tokens"]
+        params = SamplingParams(temperature=0.8, seed=0, max_tokens=1, ignore_eos=True, n=args.siblings)
+        _sync(loaded)
+        t0 = time.perf_counter()
+        for i in range(args.siblings):
+            eng.add_request(f"sib-{i}", prompt, params.for_child(i))
+        while eng.has_unfinished_requests():
+            eng.step()
+        _sync(loaded)
+        out["on" if on else "off"] = {"prefill_tokens": eng.stats()["prompt_tokens"] - before,
+                                      "all_first_tokens_ms": (time.perf_counter() - t0) * 1e3}
+        del eng
+    return {"n": args.siblings, "prompt_len": args.shared_len, **out,
+            "ratio": out["on"]["all_first_tokens_ms"] / out["off"]["all_first_tokens_ms"]}
+
+
 def conversation(loaded, args) -> dict:
     mt = MultiTurn(turns=args.turns, first_len=args.first_len, turn_len=args.turn_len, output_len=args.output_len,
                    seed=0)
@@ -141,19 +171,29 @@ def main() -> int:
     ap.add_argument("--cpu-kv-cache-gib", type=float, default=1.0)
     ap.add_argument("--enforce-eager", action="store_true")
     ap.add_argument("--skip-conversation", action="store_true")
+    ap.add_argument("--siblings", type=int, default=4, help="n of the siblings figure (0: skip it)")
+    ap.add_argument("--speculative-config", type=json.loads, default=None,
+                    help="vLLM's speculative_config as JSON, for every engine")
     ap.add_argument("--out", default=os.environ.get("OUT"))
     args = ap.parse_args()
 
     loaded = open_model(model=None if args.shape else args.model, shape=args.shape, quant=args.quant,
                         dtype=args.dtype, device=args.device, progress=False)
     res: dict = {"model": args.shape or args.model, "device": str(loaded.info.get("device", "cpu")),
-                 "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+                 "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                 "speculative": args.speculative_config}
     res["shared_prefix"] = shared = shared_prefix(loaded, args)
     for name, sp in shared.items():
         print(f"shared {sp['shared_len']}-token prefix, second request {name} the first: TTFT "
               f"{sp['ttft_on_ms']:.1f} ms with the cache, {sp['ttft_off_ms']:.1f} ms without: ratio {sp['ratio']:.3f} "
               f"(goal <= {sp['goal']}); CPU time {sp['cpu_on_ms']:.1f} / {sp['cpu_off_ms']:.1f} ms: ratio "
               f"{sp['cpu_ratio']:.3f}; {sp['cached_tokens']} of {sp['prompt_len']} tokens cached", flush=True)
+    if args.siblings > 1:
+        res["siblings"] = sib = siblings(loaded, args)
+        print(f"\nn = {sib['n']} samples of a {sib['prompt_len']}-token prompt: {sib['on']['prefill_tokens']} prompt "
+              f"tokens prefilled with the cache, {sib['off']['prefill_tokens']} without; every first token after "
+              f"{sib['on']['all_first_tokens_ms']:.1f} / {sib['off']['all_first_tokens_ms']:.1f} ms: ratio "
+              f"{sib['ratio']:.3f}", flush=True)
     if not args.skip_conversation:
         res["conversation"] = conv = conversation(loaded, args)
         print(f"\n{'turn':>4} {'prompt':>7} {'cached':>7} {'TTFT on ms':>11} {'TTFT off ms':>12} {'ratio':>6}")

@@ -152,9 +152,7 @@ class LLMEngine:
         self.model_config = loaded.config
         self.tokenizer = loaded.tokenizer
         self.speculative = spec = parse_speculative(config.speculative, self.model_config)
-        # verify steps run their own forward (no state snapshots around it) and roll the linear
-        # state back afterwards: the prefix cache is not combined with them, so it is off then
-        use_prefix = config.enable_prefix_caching and spec is None
+        use_prefix = config.enable_prefix_caching
         model_max = int(self.model_config.max_position_embeddings or 4096)
         explicit_len = config.max_model_len is not None
         self.max_model_len = int(config.max_model_len or model_max)
@@ -193,7 +191,7 @@ class LLMEngine:
             from g906.engine.spec.decoder import SpecDecoder
 
             self.spec = SpecDecoder(self.runner, self.cache.blocks, spec, max_model_len=self.max_model_len,
-                                    max_num_batched_tokens=mbt)
+                                    max_num_batched_tokens=mbt, prefix=self.prefix)
         eos = set(self.model_config.eos_token_ids or [])
         tok_eos = getattr(self.tokenizer, "eos_token_ids", None)
         if tok_eos:
@@ -445,12 +443,15 @@ class LLMEngine:
             merged = None
             for token, lp in got:
                 seq.append_token(token)
+                if self.prefix is not None:
+                    self.prefix.register(seq)      # before _process may free its blocks
                 self.num_generation_tokens += 1
                 out = self._process(req, token, lp, seq.num_tokens)
                 merged = out if merged is None else merge_outputs(merged, out)
                 if out.finished:
                     break
             outputs.append(merged)
+        self._settle(batch)
         self.spec.after_step()
         return outputs
 

@@ -16,7 +16,9 @@ State snapshots. Extra linear-attention state slots (the snapshot pool, its size
 EngineConfig) hold copies of a running sequence's state at block-aligned positions, keyed by the
 key of the block that ends there (so a snapshot is usable exactly when its whole chain of blocks
 is). Positions: the end of each prompt (rounded down to the block size: the usual resume point of
-the next agent turn, since Qwen3.5's template rewrites the previous answer), the point where a
+the next agent turn, since Qwen3.5's template rewrites the previous answer; and the boundary
+before it when the prompt fills its last block, where the same prompt again, or an n > 1
+sibling, resumes: a lookup leaves at least one token to compute), the point where a
 prompt leaves the cached blocks of an earlier one (a shared system prompt: the next request
 that shares it resumes there), every `stride` tokens of a long prefill, and the last block
 boundary a sequence reaches while it decodes (its "tail": each new one replaces the previous,
@@ -28,7 +30,12 @@ A save is planned when a step is scheduled (a slot reserved, the copy made by th
 after the step's forward, in device order) and committed when the step's tokens are read (the
 token ids, and so the key, may only be known then). Restores are copies made before the forward
 of the step that admits the sequence. Everything here is host bookkeeping; the runner makes the
-copies (on every tensor-parallel rank, which all hold the same block ids and slots)."""
+copies (on every tensor-parallel rank, which all hold the same block ids and slots).
+
+With speculative decoding (g906/engine/spec) only committed positions are published: a verify
+step's accepted tokens advance num_cached_tokens, so rejected drafts never reach a registered
+block, and its planned save is moved to the last block boundary inside the accepted tokens, the
+state there replayed into the snapshot slot by the rollback (never a draft's state)."""
 
 from __future__ import annotations
 
@@ -72,6 +79,22 @@ def image_hashes(mm) -> list[tuple[int, int, bytes]]:
             got.append((int(start), int(start + n), h.digest()))
         mm.content_hashes = got
     return got
+
+
+def last_inner_boundary(n: int, bs: int) -> int:
+    """The last block boundary strictly inside n tokens: where a request with exactly this
+    prompt (a repeat, or an n > 1 sibling) resumes, since a lookup leaves a token to compute."""
+    return ((n - 1) // bs) * bs
+
+
+def same_prompt(a: Sequence, b: Sequence) -> bool:
+    """Whether two sequences have the same prompt: token ids and images."""
+    n = a.num_prompt_tokens
+    if n != b.num_prompt_tokens or (a.mm is None) != (b.mm is None):
+        return False
+    if a.mm is not None and image_hashes(a.mm) != image_hashes(b.mm):
+        return False
+    return a.token_ids[:n] == b.token_ids[:n]
 
 
 class PrefixCache:
@@ -195,7 +218,8 @@ class PrefixCache:
     def next_point(self, seq: Sequence, start: int) -> int | None:
         """The first save position after `start` in seq's prefill, or None."""
         bs = self.block_size
-        points = [(seq.num_prompt_tokens // bs) * bs, (seq.num_tokens // bs) * bs, seq.prefix_branch]
+        points = [(seq.num_prompt_tokens // bs) * bs, last_inner_boundary(seq.num_prompt_tokens, bs),
+                  (seq.num_tokens // bs) * bs, seq.prefix_branch]
         if self.stride:
             points.append((start // self.stride + 1) * self.stride)
         after = [p for p in points if p > start]
@@ -209,7 +233,8 @@ class PrefixCache:
             return None
         if decode:
             kind = TAIL
-        elif end == (seq.num_prompt_tokens // bs) * bs or end == seq.prefix_branch:
+        elif end in ((seq.num_prompt_tokens // bs) * bs, last_inner_boundary(seq.num_prompt_tokens, bs),
+                     seq.prefix_branch):
             kind = END
         elif end == (seq.num_tokens // bs) * bs:
             kind = TAIL
@@ -229,6 +254,11 @@ class PrefixCache:
             return None
         self.num_pending_saves += 1
         return Save(seq, end, slot, kind)
+
+    def cancel(self, save: Save) -> None:
+        """Give a planned save's slot back (its step did not end where it was planned)."""
+        self.num_pending_saves -= 1
+        self._snap_free.append(save.slot)
 
     def commit(self, save: Save) -> None:
         """Key a save's snapshot now that its tokens are known (or give its slot back)."""

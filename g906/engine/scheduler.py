@@ -16,7 +16,11 @@ decode step (one token for every running sequence that has finished its prefill)
 - With a prefix cache (g906/engine/prefix_cache.py), admission starts a sequence at the longest
   cached prefix it has (blocks shared, state restored by batch.restores), prefill chunks also
   end at the cache's save points, and each step lists the state snapshots to take after it
-  (batch.saves; the engine commits them once the step's tokens are read)."""
+  (batch.saves; the engine commits them once the step's tokens are read). A request whose
+  prompt a running sequence is still prefilling (the n samples of one request, or the same
+  prompt twice) waits at the head of the queue until that prefill has passed the prompt's last
+  inner block boundary, then resumes there from the cache: the prompt is prefilled once, and
+  each later sibling computes only its last (at most block_size) tokens."""
 
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from g906.engine.block_manager import CacheManager
-from g906.engine.prefix_cache import Hit, PrefixCache, Save
+from g906.engine.prefix_cache import Hit, PrefixCache, Save, last_inner_boundary, same_prompt
 from g906.engine.sequence import Sequence, SequenceStatus
 
 
@@ -118,12 +122,28 @@ class Scheduler:
         # a request scoring its prompt (prompt_logprobs) must compute every prompt position
         reuse = self.prefix is not None and seq.params.prompt_logprobs is None
         hit = self.prefix.lookup(seq) if reuse else Hit()
+        if reuse and self._computing_same_prompt(seq, hit):
+            return None
         if self._chunk(seq, hit.num_tokens) > budget:
             return None
         blocks = self.cache.blocks
         need = blocks.num_new_blocks(seq, seq.num_tokens) - len(hit.blocks)
         free = blocks.num_free_blocks - (self.prefix.num_parked(hit.blocks) if hit.blocks else 0)
         return hit if need <= free else None
+
+    def _computing_same_prompt(self, seq: Sequence, hit: Hit) -> bool:
+        """Whether a running sequence with the same prompt (an n > 1 sibling, or the same
+        request twice) is still prefilling it, short of the point where seq could resume from
+        its blocks and snapshot. seq then waits for it rather than prefilling the prompt again."""
+        n = seq.num_prompt_tokens
+        point = last_inner_boundary(n, self.prefix.block_size)
+        if hit.num_tokens >= point:
+            return False
+        for other in self.running:
+            if (other.num_cached_tokens < point and other.num_prompt_tokens == n
+                    and same_prompt(seq, other)):
+                return True
+        return False
 
     def can_admit(self) -> bool:
         """Whether the next schedule() would admit the first waiting sequence (without its effects)."""

@@ -13,11 +13,12 @@ from g906.engine.llm_engine import EngineConfig, LLMEngine
 from g906.engine.sampling_params import SamplingParams
 
 
-def config(on: bool, *, small_pool: bool, block_size: int = 4) -> EngineConfig:
+def config(on: bool, *, small_pool: bool, block_size: int = 4, speculative=None) -> EngineConfig:
     # a small cache forces block and snapshot evictions; chunks of 24 tokens cut long prompts
     return EngineConfig(max_num_seqs=4, max_num_batched_tokens=24, max_model_len=256, block_size=block_size,
                         num_kv_blocks=48 if small_pool else 160, enable_prefix_caching=on,
-                        prefix_state_stride=16, num_prefix_snapshots=3 if small_pool else 24)
+                        prefix_state_stride=16, num_prefix_snapshots=3 if small_pool else 24,
+                        speculative=speculative)
 
 
 class IdText:
@@ -39,10 +40,12 @@ def drain(eng: LLMEngine, out: dict[str, list[int]], cached: dict[str, int]) -> 
 
 
 def run_workload(loaded, *, seed: int, on: bool, small_pool: bool, vocab: int | None = None,
-                 engine_kw: dict | None = None, prepare=None):
+                 engine_kw: dict | None = None, prepare=None, speculative=None, max_tokens: int = 6):
     """Outputs {request id: token ids}, the prompt tokens each request had cached, the engine.
-    prepare(engine): called once the engine is built (to switch its runner's decode path)."""
-    eng = LLMEngine(with_tokenizer(loaded), config(on, small_pool=small_pool), **(engine_kw or {}))
+    prepare(engine): called once the engine is built (to switch its runner's decode path);
+    speculative: the engine's speculative_config (None: off)."""
+    eng = LLMEngine(with_tokenizer(loaded), config(on, small_pool=small_pool, speculative=speculative),
+                    **(engine_kw or {}))
     if prepare is not None:
         prepare(eng)
     vocab = vocab or loaded.config.vocab_size
@@ -51,7 +54,7 @@ def run_workload(loaded, *, seed: int, on: bool, small_pool: bool, vocab: int | 
     def toks(n):
         return [rng.randrange(vocab - 1) for _ in range(n)]
 
-    greedy = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=6)
+    greedy = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=max_tokens)
     out: dict[str, list[int]] = {}
     cached: dict[str, int] = {}
     # sequential multi-turn: each turn re-sends the conversation, with the previous answer (a

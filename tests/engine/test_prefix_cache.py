@@ -1,21 +1,23 @@
 """Prefix caching (g906/engine/prefix_cache.py): the bookkeeping on its own (keys, parking,
 eviction, snapshots), and the engine with the cache on giving the same greedy tokens as with it
 off over randomized multi-turn and shared-prefix workloads, sequential and concurrent, with a pool
-small enough to force evictions, on HF and GGUF (F16, Q8_0, Q4_K) weights."""
+small enough to force evictions, on HF and GGUF (F16, Q8_0, Q4_K) weights; n > 1 siblings
+prefill their prompt once."""
 
 from __future__ import annotations
 
 import pytest
 
 from g906.engine.block_manager import CacheManager
-from g906.engine.prefix_cache import PrefixCache
+from g906.engine.llm_engine import EngineConfig, LLMEngine
+from g906.engine.prefix_cache import PrefixCache, last_inner_boundary
 from g906.engine.sampling_params import SamplingParams
 from g906.engine.scheduler import Scheduler, SchedulerConfig
 from g906.engine.sequence import Sequence
 
 from .conftest import build_tiny_qwen35
 from .gguf_writer import write_gguf
-from .prefix_workloads import assert_no_leaks, run_workload
+from .prefix_workloads import assert_no_leaks, drain, run_workload
 from .test_gguf_loader import KQ_OVERRIDES
 
 BS = 4
@@ -200,3 +202,46 @@ def test_n_siblings_and_a_repeat_share_the_prompt(torch_one_thread):
     with LLM("builtin:tiny-qwen35", block_size=4, num_kv_blocks=64, enable_prefix_caching=False) as off:
         assert off.engine.prefix is None and "prefix_cache_hit_tokens" not in off.engine.stats()
         assert [o.token_ids for o in off.generate([prompt], p)[0].outputs] == [o.token_ids for o in first.outputs]
+
+
+@pytest.fixture(scope="module")
+def builtin_tiny():
+    from g906.engine.loader import load_model
+
+    return load_model("builtin:tiny-qwen35", dtype="float32", device="cpu", progress=False)
+
+
+@pytest.mark.parametrize("prompt_len", [37, 36], ids=["partial-last-block", "full-last-block"])
+def test_n_siblings_prefill_the_prompt_once(builtin_tiny, prompt_len, torch_one_thread):
+    """n = 4 children admitted together: the first prefills the prompt, the others wait for it
+    and resume at its last inner block boundary (computing only the tokens after it); outputs
+    equal those of the cache off, where each child prefills the whole prompt."""
+    bs = 4
+    resume = last_inner_boundary(prompt_len, bs)
+    runs = {}
+    for on in (True, False):
+        eng = LLMEngine(builtin_tiny, EngineConfig(block_size=bs, num_kv_blocks=96, max_num_batched_tokens=64,
+                                                   max_model_len=128, enable_prefix_caching=on))
+        for name, first, p in (("greedy", 3, SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=6, n=4)),
+                               ("seeded", 60, SamplingParams(temperature=1.0, top_p=0.95, seed=11, ignore_eos=True,
+                                                             max_tokens=6, n=4))):
+            before = eng.stats()["prompt_tokens"]
+            hits = eng.stats().get("prefix_cache_hit_tokens", 0)
+            for i in range(4):
+                eng.add_request(f"{name}:{i}", list(range(first, first + prompt_len)), p.for_child(i))
+            out: dict[str, list[int]] = {}
+            cached: dict[str, int] = {}
+            drain(eng, out, cached)
+            runs[on, name] = [out[f"{name}:{i}"] for i in range(4)]
+            prefilled = eng.stats()["prompt_tokens"] - before
+            if on:
+                # the children after the first took `resume` tokens from the cache; the prompt's
+                # last tokens may run in a decode step (one uncached token), not counted here
+                assert [cached[f"{name}:{i}"] for i in range(4)] == [0, resume, resume, resume]
+                assert resume <= prefilled <= prompt_len + 3 * (prompt_len - resume), name
+                assert eng.stats()["prefix_cache_hit_tokens"] - hits == 3 * resume
+            else:
+                assert prefilled == 4 * prompt_len
+        assert_no_leaks(eng)
+    assert runs[True, "greedy"] == runs[False, "greedy"] and len({tuple(o) for o in runs[True, "greedy"]}) == 1
+    assert runs[True, "seeded"] == runs[False, "seeded"] and len({tuple(o) for o in runs[True, "seeded"]}) > 1

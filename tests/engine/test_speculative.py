@@ -306,10 +306,10 @@ def test_llm_constructor(markov_gguf, tmp_path):
 def test_plain_only_requests_run_as_ordinary_steps(loaded_gguf):
     """A logit bias (like a grammar's mask or a thinking budget) is the plain sampler's: a batch
     holding such a request runs as an ordinary step, and outputs equal those without speculation.
-    The prefix cache is off while speculation is configured."""
+    The prefix cache stays on beside speculation."""
     biased = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logit_bias={7: 100.0})
     params = [SamplingParams(**GREEDY), biased, SamplingParams(**GREEDY)]
     ref, plain = run(loaded_gguf, PROMPTS, params)
     got, eng = run(loaded_gguf, PROMPTS, params, NGRAM)
     assert got == ref and got[1] == [7] * 12
-    assert plain.prefix is not None and eng.prefix is None
+    assert plain.prefix is not None and eng.prefix is not None

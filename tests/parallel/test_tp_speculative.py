@@ -1,6 +1,7 @@
 """Speculative decoding over a TP=2 model (gloo): the MTP block runs whole on rank 0 with the
 vocab-parallel embedding and LM head; every rank rolls its linear-attention heads back after a
-verify step. Greedy outputs equal those without speculation, on GGUF and HF weights."""
+verify step. Greedy outputs equal those without speculation, on GGUF and HF weights, and with
+the prefix cache over a multi-turn workload."""
 
 from __future__ import annotations
 
@@ -48,5 +49,26 @@ def test_tp2_speculative_greedy_equals_plain(sources, fmt):
             assert st["spec_num_drafts"] > 0
             if spec["method"] == "mtp":
                 assert 0 < st["spec_num_accepted_tokens"] < st["spec_num_draft_tokens"], st
+    finally:
+        loaded.model.close()
+
+
+def test_tp2_speculation_with_the_prefix_cache_equals_plain(sources):
+    """Every rank restores, rolls back and snapshots the same state slots (a verify step's
+    snapshot is replayed by each rank's rollback at the same committed position)."""
+    from g906.engine.parallel import load_model_tp
+    from tests.engine.prefix_workloads import assert_no_leaks, run_workload
+
+    loaded = load_model_tp(sources["gguf"], tensor_parallel_size=2, dtype="float32", device="cpu", progress=False,
+                           keep_mtp=True)
+    try:
+        want, _, _ = run_workload(loaded, seed=4, on=False, small_pool=True, max_tokens=12)
+        got, cached, eng = run_workload(loaded, seed=4, on=True, small_pool=True, max_tokens=12,
+                                        speculative={"method": "mtp", "num_speculative_tokens": 2})
+        assert got == want
+        s = eng.stats()
+        assert s["prefix_cache_hit_tokens"] > 0 and s["spec_num_accepted_tokens"] > 0
+        assert s["prefix_snapshots_saved"] > 0 and any(cached[f"turn{i}"] for i in range(1, 5))
+        assert_no_leaks(eng)
     finally:
         loaded.model.close()

@@ -1,6 +1,7 @@
 """`g906 up` with [engine.speculative]: a real server (uvicorn, the official openai client) on a
 GGUF with an MTP block; answers equal the offline engine's without speculation, a logprobs request
-is served (it does not speculate), and vLLM's spec_decode counters move in /metrics. A recipe
+is served (it does not speculate), vLLM's spec_decode counters move in /metrics, and a next turn
+reports cached prompt tokens (the prefix cache works beside speculation). A recipe
 asking for "mtp" on a model without the block fails validation (exit 2) naming the key."""
 
 from __future__ import annotations
@@ -73,6 +74,18 @@ def test_speculative_server(gguf, tmp_path):
     assert 0 < m["vllm:spec_decode_num_accepted_tokens_total"] < m["vllm:spec_decode_num_draft_tokens_total"]
     text = httpx.get(s.url + "/metrics", timeout=10).text
     assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="markov",position="1"}' in text
+    # the prefix cache beside speculation: a next turn resumes from the cache, then speculates
+    c = openai_client(s)
+    long = "one two three four five six seven eight nine ten " * 2
+    first = c.completions.create(model="markov", prompt=long, max_tokens=24, temperature=0,
+                                 extra_body={"ignore_eos": True})
+    turn2 = long + first.choices[0].text + " eleven twelve"
+    second = c.completions.create(model="markov", prompt=turn2, max_tokens=24, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert second.usage.prompt_tokens_details.cached_tokens >= 16
+    assert [first.choices[0].text, second.choices[0].text] == [o.outputs[0].text for o in plain.generate([long], sp)
+                                                               + plain.generate([turn2], sp)]
+    assert s.metrics()["vllm:spec_decode_num_drafts_total"] > m["vllm:spec_decode_num_drafts_total"]
     next(gen, None)
 
 

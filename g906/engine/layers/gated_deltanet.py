@@ -130,36 +130,47 @@ class GatedDeltaNet(WeightHolder):
         self._kept = (conv_state.index_select(0, slots), ssm_state.index_select(0, slots), qkv.clone(),
                       a.clone(), b.clone(), ctx.cu_seqlens_q, ctx.state_slots, ctx.context_lens)
 
-    def rollback(self, keep: torch.Tensor) -> None:
+    def rollback(self, keep: torch.Tensor, snaps: torch.Tensor | None = None) -> None:
         """End each sequence's state after its first keep[i] tokens of the kept verify step:
         restore the state from before the step and run the conv and the recurrence over those
         tokens again (exactly what a prefill of them computes). keep [B] int; a sequence that
-        keeps all its tokens is left as the step wrote it."""
+        keeps all its tokens is left as the step wrote it. snaps [S, 3] int rows (i, n, slot):
+        first write the state of sequence i after its first n tokens of the step into state
+        slot `slot` (a prefix-cache snapshot at a block boundary inside the accepted tokens)."""
         kept, self._kept = self._kept, None
         if kept is None:
             return
-        conv0, ssm0, qkv, a, b, cu, slots, ctx_lens = kept
-        cu_l = cu.tolist()
+        cu_l = kept[5].tolist()
+        if snaps is not None and snaps.numel():
+            rows = snaps.tolist()
+            self._replay(kept, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
         keep_l = [int(x) for x in keep.tolist()]
         redo = [i for i in range(len(keep_l)) if keep_l[i] < cu_l[i + 1] - cu_l[i]]
-        if not redo:
-            return
+        if redo:
+            slots_l = kept[6].tolist()
+            self._replay(kept, redo, [keep_l[i] for i in redo], [slots_l[i] for i in redo])
+
+    def _replay(self, kept, seqs: list[int], lens: list[int], dst: list[int]) -> None:
+        """Write into state slot dst[j] the state of kept sequence seqs[j] after its first
+        lens[j] tokens of the kept step: its state from before the step, then those tokens."""
+        conv0, ssm0, qkv, a, b, cu, _, ctx_lens = kept
+        cu_l = cu.tolist()
         dev = qkv.device
-        idx = torch.tensor(redo, dtype=torch.long, device=dev)
-        sl = slots.long().index_select(0, idx)
+        idx = torch.tensor(seqs, dtype=torch.long, device=dev)
+        sl = torch.tensor(dst, dtype=torch.long, device=dev)
         self.conv_state.index_copy_(0, sl, conv0.index_select(0, idx))
         self.ssm_state.index_copy_(0, sl, ssm0.index_select(0, idx))
-        rows = [r for i in redo for r in range(cu_l[i], cu_l[i] + keep_l[i])]
+        rows = [r for i, n in zip(seqs, lens) for r in range(cu_l[i], cu_l[i] + n)]
         if not rows:
             return
         rows_t = torch.tensor(rows, dtype=torch.long, device=dev)
         sub_cu = [0]
-        for i in redo:
-            sub_cu.append(sub_cu[-1] + keep_l[i])
+        for n in lens:
+            sub_cu.append(sub_cu[-1] + n)
         i32 = dict(dtype=torch.int32, device=dev)
         cu_t = torch.tensor(sub_cu, **i32)
         sl32 = sl.to(torch.int32)
-        has_init = torch.ones(len(redo), dtype=torch.bool, device=dev)
+        has_init = torch.ones(len(seqs), dtype=torch.bool, device=dev)
         x = ops.causal_conv1d_prefill(qkv.index_select(0, rows_t), self.conv1d.weight, cu_t, self.conv_state, sl32,
                                       has_init, ctx_lens.index_select(0, idx))
         t = x.shape[0]

@@ -279,14 +279,16 @@ class Qwen35ForCausalLM(nn.Module):
         return self.model.embed_tokens(input_ids)
 
     @torch.inference_mode()
-    def rollback_linear_state(self, keep: torch.Tensor) -> None:
+    def rollback_linear_state(self, keep: torch.Tensor, snaps: torch.Tensor | None = None) -> None:
         """After a forward with ctx.keep_linear_inputs (a speculative verify step): end each
         sequence's linear-attention state after its first keep[i] tokens of that step. Full
         attention needs nothing: the KV of rejected positions lies beyond the sequence's length
-        and is overwritten by the next step."""
+        and is overwritten by the next step. snaps: [S, 3] rows (i, n, slot), the state of
+        sequence i after n of its tokens copied into slot (prefix-cache snapshots of accepted
+        positions; GatedDeltaNet.rollback)."""
         for layer in self.model.layers:
             if layer.layer_type == "linear_attention":
-                layer.linear_attn.rollback(keep)
+                layer.linear_attn.rollback(keep, snaps)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -372,11 +372,12 @@ class TPModel(nn.Module):
             self.group.channel.send("embed", {}, {"ids": input_ids})
             return self.inner.embed(input_ids)
 
-    def rollback_linear_state(self, keep: torch.Tensor) -> None:
+    def rollback_linear_state(self, keep: torch.Tensor, snaps: torch.Tensor | None = None) -> None:
         """Qwen35ForCausalLM.rollback_linear_state on every rank (each holds its heads' states)."""
         with self.group.collective("rollback"):
-            self.group.channel.send("rollback", {}, {"keep": keep})
-            self.inner.rollback_linear_state(keep)
+            sent = {"keep": keep} if snaps is None else {"keep": keep, "snaps": snaps}
+            self.group.channel.send("rollback", {}, sent)
+            self.inner.rollback_linear_state(keep, snaps)
 
     def bind_cache(self, cache) -> None:
         with self.group.collective("cache"):

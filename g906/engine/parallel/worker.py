@@ -106,7 +106,7 @@ def serve(comm, model) -> None:
         elif cmd == "embed":
             model.embed(t["ids"])
         elif cmd == "rollback":
-            model.rollback_linear_state(t["keep"])
+            model.rollback_linear_state(t["keep"], t.get("snaps"))
         elif cmd == "logits":
             comm.gather_rows(rank_logits(model, t["hidden"]))
         elif cmd == "cache":

@@ -18,7 +18,13 @@ Per request, speculation is off where it cannot apply: logprobs asked for (rejec
 have none to return) and prompts with images (M-RoPE positions). Such sequences ride in verify
 steps with no drafts, sampled by the plain sampler. A step holding a request whose sampling a
 verify step does not reproduce (structured outputs, logit bias, a thinking budget) runs as an
-ordinary step. The prefix cache is off while speculation is configured.
+ordinary step.
+
+With the prefix cache (g906/engine/prefix_cache.py): a step's restores are copied before its
+forward and a prefill step's saves after it, as the runner does; a verify step's planned
+snapshot is moved to the last block boundary its accepted tokens reach and the rollback
+replays the state there into the snapshot slot, so no snapshot holds a rejected draft. Only
+accepted positions count as cached, so only their KV blocks are registered.
 
 Steps run eagerly (no decode or prefill graphs) and synchronously (no lookahead): a verify step
 has a data-dependent shape per sequence. docs/engine.md says what that costs."""
@@ -34,6 +40,7 @@ from g906.arch.speculative import SpeculativeConfig
 from g906.engine.block_manager import BlockManager
 from g906.engine.context import ForwardContext
 from g906.engine.model_runner import sampler_row
+from g906.engine.prefix_cache import PrefixCache
 from g906.engine.scheduler import ScheduledBatch
 from g906.engine.sequence import Sequence
 from g906.engine.spec.ngram import propose_ngram
@@ -99,8 +106,9 @@ def mtp_missing_error(source: str = "the model") -> G906Error:
 
 class SpecDecoder:
     def __init__(self, runner, blocks: BlockManager, config: SpeculativeConfig, *, max_model_len: int,
-                 max_num_batched_tokens: int):
+                 max_num_batched_tokens: int, prefix: PrefixCache | None = None):
         self.runner = runner
+        self.prefix = prefix
         self.model = runner.model
         self.blocks = blocks
         self.config = config
@@ -172,12 +180,16 @@ class SpecDecoder:
         return self._verify(batch, drafts)
 
     def _forward(self, batch: ScheduledBatch, keep: bool):
+        if batch.restores:                  # prefix-cache hits of the sequences it admits
+            self.runner.copy_states(batch.restores)
         ids, pos, ctx = self.runner._context(batch)
         ctx.keep_linear_inputs = keep
         return self.model.forward(ids, pos, ctx)
 
     def _prefill(self, batch: ScheduledBatch) -> SpecResult:
         hidden = self._forward(batch, False)
+        if batch.saves:                     # every position of a prefill step is committed
+            self.runner.copy_states([(sv.seq.state_slot, sv.slot) for sv in batch.saves])
         sampling = [i for i in range(len(batch.seqs)) if batch.samples(i)]
         cu = np.cumsum([0] + batch.num_new_tokens)
         tokens: dict[int, list] = {}
@@ -197,7 +209,7 @@ class SpecDecoder:
         for s in seqs:                   # the drafts stand as the sequence's next tokens while
             s.token_ids.extend(drafts.get(s.seq_id, ()))     # the step's inputs are written
         try:
-            hidden = self._forward(ScheduledBatch(True, seqs, chunks), True)
+            hidden = self._forward(ScheduledBatch(True, seqs, chunks, restores=batch.restores), True)
         finally:
             for s, n in zip(seqs, chunks):
                 if n > 1:
@@ -222,9 +234,47 @@ class SpecDecoder:
             for i, t, lp in zip(plain, got, lps):
                 tokens[seqs[i].seq_id] = [(t, lp)]
         advance = [len(tokens[s.seq_id]) for s in seqs]
-        self.model.rollback_linear_state(torch.tensor(advance, dtype=torch.int32, device=hidden.device))
+        snaps, copies = self._snapshots(batch, advance)
+        self.model.rollback_linear_state(torch.tensor(advance, dtype=torch.int32, device=hidden.device),
+                                         torch.tensor(snaps, dtype=torch.int32, device=hidden.device)
+                                         if snaps else None)
+        if copies:
+            self.runner.copy_states(copies)
         self._done = _Done(hidden, list(seqs), offsets, [s.num_cached_tokens for s in seqs], advance)
         return SpecResult({s.seq_id: n for s, n in zip(seqs, advance)}, tokens)
+
+    def _snapshots(self, batch: ScheduledBatch, advance: list[int]):
+        """Where a verify step's state snapshots go (the scheduler planned them for a one-token
+        step): at the last block boundary inside each sequence's accepted tokens. Returns the
+        rollback's replays (i, n, slot) for boundaries before the last accepted token, and the
+        copies (state slot, snapshot slot) for those at it (the rolled-back state is the one)."""
+        if self.prefix is None:
+            return [], []
+        bs = self.blocks.block_size
+        planned = {sv.seq.seq_id: sv for sv in batch.saves}
+        saves, snaps, copies = [], [], []
+        for i, (s, a) in enumerate(zip(batch.seqs, advance)):
+            c = s.num_cached_tokens
+            b = (c + a) // bs * bs
+            sv = planned.pop(s.seq_id, None)
+            if b <= c:
+                if sv is not None:
+                    self.prefix.cancel(sv)
+                continue
+            if sv is None:
+                sv = self.prefix.plan_save(s, b, decode=True)
+                if sv is None:
+                    continue
+            sv.position = b
+            saves.append(sv)
+            if b == c + a:
+                copies.append((s.state_slot, sv.slot))
+            else:
+                snaps.append((i, b - c, sv.slot))
+        for sv in planned.values():          # (sequences not in the step: none, but be exact)
+            self.prefix.cancel(sv)
+        batch.saves[:] = saves
+        return snaps, copies
 
     # -- the MTP drafter ---------------------------------------------------------------------------
     def after_step(self) -> None:
