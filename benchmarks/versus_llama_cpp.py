@@ -292,6 +292,9 @@ def pack_binaries(bin_dir: Path, out_dir: Path, work: Path, part: int = 15 << 20
                 tar.add(f, arcname=f.name)
     data = tmp.read_bytes()
     tmp.unlink()
+    if len(data) > 56 << 20:          # what a device run can bring back beside its results
+        log(f"llama.cpp binaries are {len(data) >> 20} MiB packed: not returned")
+        return
     for i in range(0, len(data), part):
         (out_dir / f"llama-bin.tar.gz.{i // part:02d}").write_bytes(data[i:i + part])
 
