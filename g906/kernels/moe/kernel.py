@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_util import empty
+from .._triton_util import empty, is_rocm
 from ..linear.gguf_decode import QTYPES, STEP_BYTES, _dequant_step
 from .sort import sort_by_expert
 
@@ -112,9 +112,31 @@ def _tile_gemm(xrow, xmask, w_ptr, row_off, K, acc, QT: tl.constexpr, STEP_B: tl
             kb = st * 256
             a0 = tl.load(xrow + kb + tl.reshape(e0, (1, 128)), mask=xmask, other=0.0)
             a1 = tl.load(xrow + kb + tl.reshape(e1, (1, 128)), mask=xmask, other=0.0)
-            acc = _dot_t(a0, tl.reshape(w0, (BLOCK_N, 128)), acc, FP32)
-            acc = _dot_t(a1, tl.reshape(w1, (BLOCK_N, 128)), acc, FP32)
+            acc = _dot_t_k32(a0, tl.reshape(w0, (BLOCK_N, 128)), acc, FP32)
+            acc = _dot_t_k32(a1, tl.reshape(w1, (BLOCK_N, 128)), acc, FP32)
     return acc
+
+
+@triton.jit
+def _quarters(t):
+    """The four [R, 32] parts of t [R, 128] whose columns are k = 4 i + q (q = 0..3)."""
+    lo, hi = tl.split(tl.reshape(t, (t.shape[0], 32, 2, 2)))
+    q0, q1 = tl.split(lo)
+    q2, q3 = tl.split(hi)
+    return q0, q1, q2, q3
+
+
+@triton.jit
+def _dot_t_k32(a, b, acc, FP32: tl.constexpr):
+    """acc + a [M, 128] @ b [N, 128]^T as four products of 32 columns (the same columns of a and
+    b: the sum is unchanged). tl.dot's FMA lowering (gfx906: no matrix cores) holds a thread's
+    whole K of both operands in registers: 128 spills, 32 does not (tests/kernels/test_gfx9_moe.py)."""
+    a0, a1, a2, a3 = _quarters(a)
+    b0, b1, b2, b3 = _quarters(b)
+    acc = _dot_t(a0, b0, acc, FP32)
+    acc = _dot_t(a1, b1, acc, FP32)
+    acc = _dot_t(a2, b2, acc, FP32)
+    return _dot_t(a3, b3, acc, FP32)
 
 
 @triton.jit(do_not_specialize=["num_pairs"])
@@ -185,6 +207,27 @@ def supports(x, w_gate_up, w_down, topk_ids, topk_weights) -> bool:
     return True
 
 
+def on_gpu(device) -> bool:
+    return device.type == "cuda"
+
+
+def moe_config(T, device, qtype: str | None = None) -> dict:
+    """Tiles of the routed GEMV (T <= GEMV_MAX_TOKENS: BLOCK_N rows, BLOCK_K elements of a dense
+    row a step) and of the grouped GEMM (BLOCK_M pairs x BLOCK_N rows x BLOCK_K); smaller tiles
+    in the interpreter (CPU). qtype: the experts' GGUF type (None: dense). On ROCm the grouped
+    GEMM of GGUF experts takes smaller tiles, the largest whose gfx908 code (FMA dots, as a
+    gfx906 runs them) needs no AGPRs at the 35B-A3B shape: 16 x 16 for Q4_K / Q5_K (their
+    scales and minimums decoded in fp32), 32 x 32 for the others (tests/kernels/test_gfx9_moe.py)."""
+    if T <= GEMV_MAX_TOKENS:
+        return dict(BLOCK_N=16, BLOCK_K=128, num_warps=4)
+    if not on_gpu(device):
+        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, num_warps=4)
+    if qtype is not None and is_rocm():
+        tile = 16 if qtype in ("Q4_K", "Q5_K") else 32
+        return dict(BLOCK_M=tile, BLOCK_N=tile, BLOCK_K=32, num_warps=4)
+    return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=32, num_warps=4)
+
+
 def moe_experts(x, w_gate_up, w_down, topk_ids, topk_weights, **cfg):
     T, H = x.shape
     k = topk_ids.shape[1]
@@ -198,10 +241,9 @@ def moe_experts(x, w_gate_up, w_down, topk_ids, topk_weights, **cfg):
     wg, qg, sbg, seg, sng = _weight_args(w_gate_up)
     wd, qd, sbd, sed, snd = _weight_args(w_down)
     h = empty((T * k, inter), x.dtype, x.device)
+    c = {**moe_config(T, x.device, getattr(w_gate_up, "qtype", None)), **cfg}
     if T <= GEMV_MAX_TOKENS:
-        bn = cfg.get("BLOCK_N", 16)
-        bk = cfg.get("BLOCK_K", 128)
-        warps = cfg.get("num_warps", 4)
+        bn, bk, warps = c["BLOCK_N"], c["BLOCK_K"], c["num_warps"]
         _routed_gate_up_kernel[(T * k, triton.cdiv(inter, bn))](
             x, wg, ids, h, inter, H, x.stride(0), seg, sng, h.stride(0),
             TOPK=k, QT=qg, STEP_B=sbg, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
@@ -209,11 +251,7 @@ def moe_experts(x, w_gate_up, w_down, topk_ids, topk_weights, **cfg):
             h, wd, ids, tw, y, H, inter, h.stride(0), sed, snd, y.stride(0),
             TOPK=k, QT=qd, STEP_B=sbd, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
         return y
-    gpu = x.device.type == "cuda"
-    bm = cfg.get("BLOCK_M", 32 if gpu else 16)
-    bn = cfg.get("BLOCK_N", 64 if gpu else 16)
-    bk = cfg.get("BLOCK_K", 32)
-    warps = cfg.get("num_warps", 4)
+    bm, bn, bk, warps = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c["num_warps"]
     pairs, tile_e = sort_by_expert(topk_ids, E, bm)
     n_tiles = tile_e.numel()
     fp32 = x.dtype == torch.float32
