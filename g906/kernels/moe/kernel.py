@@ -96,7 +96,7 @@ def _dot_t(a, b, acc, FP32: tl.constexpr):
 
 @triton.jit
 def _tile_gemm(xrow, xmask, w_ptr, row_off, K, acc, QT: tl.constexpr, STEP_B: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.constexpr):
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.constexpr, K32: tl.constexpr):
     """acc [M, N] + x rows (pointers xrow [M, 1]) @ the weight rows at w_ptr + row_off [N]^T."""
     if QT < 0:
         for k0 in range(0, K, BLOCK_K):
@@ -112,8 +112,12 @@ def _tile_gemm(xrow, xmask, w_ptr, row_off, K, acc, QT: tl.constexpr, STEP_B: tl
             kb = st * 256
             a0 = tl.load(xrow + kb + tl.reshape(e0, (1, 128)), mask=xmask, other=0.0)
             a1 = tl.load(xrow + kb + tl.reshape(e1, (1, 128)), mask=xmask, other=0.0)
-            acc = _dot_t_k32(a0, tl.reshape(w0, (BLOCK_N, 128)), acc, FP32)
-            acc = _dot_t_k32(a1, tl.reshape(w1, (BLOCK_N, 128)), acc, FP32)
+            if K32:
+                acc = _dot_t_k32(a0, tl.reshape(w0, (BLOCK_N, 128)), acc, FP32)
+                acc = _dot_t_k32(a1, tl.reshape(w1, (BLOCK_N, 128)), acc, FP32)
+            else:
+                acc = _dot_t(a0, tl.reshape(w0, (BLOCK_N, 128)), acc, FP32)
+                acc = _dot_t(a1, tl.reshape(w1, (BLOCK_N, 128)), acc, FP32)
     return acc
 
 
@@ -143,7 +147,7 @@ def _dot_t_k32(a, b, acc, FP32: tl.constexpr):
 def _grouped_gate_up_kernel(x_ptr, w_ptr, pairs_ptr, tile_e_ptr, h_ptr, num_pairs, I, K, sx, swe, swn, sh,
                             TOPK: tl.constexpr, QT: tl.constexpr, STEP_B: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            FP32: tl.constexpr):
+                            FP32: tl.constexpr, K32: tl.constexpr):
     pm = tl.program_id(0)
     e = tl.load(tile_e_ptr + pm).to(tl.int64)
     if e < 0:        # a tile the routing left unused (sort.py sizes for the most tiles)
@@ -156,9 +160,9 @@ def _grouped_gate_up_kernel(x_ptr, w_ptr, pairs_ptr, tile_e_ptr, h_ptr, num_pair
     nmask = nn < I
     nc = tl.where(nmask, nn, 0).to(tl.int64)
     g = _tile_gemm(xrow, valid[:, None], w_ptr, e * swe + nc * swn, K,
-                   tl.zeros([BLOCK_M, BLOCK_N], tl.float32), QT, STEP_B, BLOCK_N, BLOCK_K, FP32)
+                   tl.zeros([BLOCK_M, BLOCK_N], tl.float32), QT, STEP_B, BLOCK_N, BLOCK_K, FP32, K32)
     u = _tile_gemm(xrow, valid[:, None], w_ptr, e * swe + (nc + I) * swn, K,
-                   tl.zeros([BLOCK_M, BLOCK_N], tl.float32), QT, STEP_B, BLOCK_N, BLOCK_K, FP32)
+                   tl.zeros([BLOCK_M, BLOCK_N], tl.float32), QT, STEP_B, BLOCK_N, BLOCK_K, FP32, K32)
     h = g / (1.0 + tl.exp(-g)) * u
     tl.store(h_ptr + rc[:, None] * sh + nn[None, :], h.to(h_ptr.dtype.element_ty),
              mask=valid[:, None] & nmask[None, :])
@@ -167,7 +171,8 @@ def _grouped_gate_up_kernel(x_ptr, w_ptr, pairs_ptr, tile_e_ptr, h_ptr, num_pair
 @triton.jit(do_not_specialize=["num_pairs"])
 def _grouped_down_kernel(h_ptr, w_ptr, pairs_ptr, tile_e_ptr, tw_ptr, out_ptr, num_pairs, N, K, sh, swe, swn,
                          so, QT: tl.constexpr, STEP_B: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.constexpr):
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.constexpr,
+                         K32: tl.constexpr):
     pm = tl.program_id(0)
     e = tl.load(tile_e_ptr + pm).to(tl.int64)
     if e < 0:
@@ -179,7 +184,7 @@ def _grouped_down_kernel(h_ptr, w_ptr, pairs_ptr, tile_e_ptr, tw_ptr, out_ptr, n
     nmask = nn < N
     nc = tl.where(nmask, nn, 0).to(tl.int64)
     acc = _tile_gemm(h_ptr + rc[:, None] * sh, valid[:, None], w_ptr, e * swe + nc * swn, K,
-                     tl.zeros([BLOCK_M, BLOCK_N], tl.float32), QT, STEP_B, BLOCK_N, BLOCK_K, FP32)
+                     tl.zeros([BLOCK_M, BLOCK_N], tl.float32), QT, STEP_B, BLOCK_N, BLOCK_K, FP32, K32)
     wt = tl.load(tw_ptr + rc, mask=valid, other=0.0).to(tl.float32)
     tl.store(out_ptr + rc[:, None] * so + nn[None, :], acc * wt[:, None],
              mask=valid[:, None] & nmask[None, :])
@@ -214,18 +219,19 @@ def on_gpu(device) -> bool:
 def moe_config(T, device, qtype: str | None = None) -> dict:
     """Tiles of the routed GEMV (T <= GEMV_MAX_TOKENS: BLOCK_N rows, BLOCK_K elements of a dense
     row a step) and of the grouped GEMM (BLOCK_M pairs x BLOCK_N rows x BLOCK_K); smaller tiles
-    in the interpreter (CPU). qtype: the experts' GGUF type (None: dense). On ROCm the grouped
+    in the interpreter (CPU). K32: a GGUF step's dots taken 32 columns at a time (_dot_t_k32;
+    CUDA's tensor cores take the 128 at once). qtype: the experts' GGUF type (None: dense). On ROCm the grouped
     GEMM of GGUF experts takes smaller tiles, the largest whose gfx908 code (FMA dots, as a
     gfx906 runs them) needs no AGPRs at the 35B-A3B shape: 16 x 16 for Q4_K / Q5_K (their
     scales and minimums decoded in fp32), 32 x 32 for the others (tests/kernels/test_gfx9_moe.py)."""
     if T <= GEMV_MAX_TOKENS:
         return dict(BLOCK_N=16, BLOCK_K=128, num_warps=4)
     if not on_gpu(device):
-        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, num_warps=4)
+        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, num_warps=4, K32=True)
     if qtype is not None and is_rocm():
         tile = 16 if qtype in ("Q4_K", "Q5_K") else 32
-        return dict(BLOCK_M=tile, BLOCK_N=tile, BLOCK_K=32, num_warps=4)
-    return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=32, num_warps=4)
+        return dict(BLOCK_M=tile, BLOCK_N=tile, BLOCK_K=32, num_warps=4, K32=True)
+    return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=32, num_warps=4, K32=False)
 
 
 def moe_experts(x, w_gate_up, w_down, topk_ids, topk_weights, **cfg):
@@ -251,15 +257,15 @@ def moe_experts(x, w_gate_up, w_down, topk_ids, topk_weights, **cfg):
             h, wd, ids, tw, y, H, inter, h.stride(0), sed, snd, y.stride(0),
             TOPK=k, QT=qd, STEP_B=sbd, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
         return y
-    bm, bn, bk, warps = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c["num_warps"]
+    bm, bn, bk, warps, k32 = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c["num_warps"], c["K32"]
     pairs, tile_e = sort_by_expert(topk_ids, E, bm)
     n_tiles = tile_e.numel()
     fp32 = x.dtype == torch.float32
     _grouped_gate_up_kernel[(n_tiles, triton.cdiv(inter, bn))](
         x, wg, pairs, tile_e, h, T * k, inter, H, x.stride(0), seg, sng, h.stride(0),
-        TOPK=k, QT=qg, STEP_B=sbg, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, FP32=fp32, num_warps=warps)
+        TOPK=k, QT=qg, STEP_B=sbg, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, FP32=fp32, K32=k32, num_warps=warps)
     out = empty((T * k, H), torch.float32, x.device)
     _grouped_down_kernel[(n_tiles, triton.cdiv(H, bn))](
         h, wd, pairs, tile_e, tw, out, T * k, H, inter, h.stride(0), sed, snd, out.stride(0),
-        QT=qd, STEP_B=sbd, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, FP32=fp32, num_warps=warps)
+        QT=qd, STEP_B=sbd, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, FP32=fp32, K32=k32, num_warps=warps)
     return out.view(T, k, H).sum(dim=1).to(x.dtype)
