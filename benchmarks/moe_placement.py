@@ -105,7 +105,8 @@ def main(argv=None) -> int:
     for r in res["rows"]:
         print(f"{r['tokens']:6} | {r['split_experts_per_rank']:17} | {r['ep_slowest_rank_experts']:15} | "
               f"{r['split_bytes_per_rank'] / 1e6:13.1f} | {r['ep_slowest_rank_bytes'] / 1e6:13.1f} | "
-              f"{r['ep_over_split']:8} | {r['split_ms']:8} | {r['ep_ms']:5} | {r['all_reduce_bytes_per_step'] / 1024:.0f}")
+              f"{r['ep_over_split']:8} | {r['split_ms']:8} | {r['ep_ms']:5} | "
+              f"{r['all_reduce_bytes_per_step'] / 1024:.0f}")
     return 0
 
 

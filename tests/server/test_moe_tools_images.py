@@ -7,7 +7,9 @@ with the real Qwen3.5 chat template, driven by the official openai client.
 - an image_url request: the prompt is transformers' apply_chat_template with the image pad
   expanded to the image's merged patches (transformers' Qwen2-VL processor), and the greedy
   tokens are those of transformers' Qwen3_5MoeForConditionalGeneration holding the GGUF's
-  dequantized weights; streamed and whole answers agree."""
+  dequantized weights; streamed and whole answers agree;
+- the same checkpoint as safetensors (HF, with its vision tower) in the engine: greedy tokens
+  after an image, in chunked prefill beside a text request, equal transformers'."""
 
 from __future__ import annotations
 
@@ -63,7 +65,7 @@ def moe_vl(moe_text, vl_token_ids):
 
 @pytest.fixture(scope="module")
 def moe_vl_files(moe_vl, vl_tokenizer_dir, tmp_path_factory):
-    """(GGUF with Q8_0 experts and the rest, its mmproj F32) from the saved checkpoint."""
+    """(GGUF with Q8_0 experts and the rest, its mmproj F32, the saved HF checkpoint)."""
     import shutil
 
     from tests.engine.gguf_writer import write_gguf
@@ -77,12 +79,12 @@ def moe_vl_files(moe_vl, vl_tokenizer_dir, tmp_path_factory):
     d = tmp_path_factory.mktemp("moe-vl-gguf")
     main = write_gguf(hf, d / "tiny-moe-vl-Q8_0.gguf", qtype="Q8_0", tokenizer_dir=vl_tokenizer_dir)[0]
     mmproj = write_mmproj(hf, d / "mmproj-tiny-moe-vl-F32.gguf")
-    return main, mmproj
+    return main, mmproj, hf
 
 
 @pytest.fixture(scope="module")
 def moe_server(moe_vl_files, tmp_path_factory):
-    main, _ = moe_vl_files
+    main = moe_vl_files[0]
     recipe = f"""
 [model]
 source = "{main}"
@@ -204,6 +206,47 @@ def test_image_chat_is_transformers(client, moe_vl, moe_text, moe_vl_files, vl_t
     text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw)
                    if c.choices)
     assert text == (r.choices[0].message.content or "")
+
+
+def test_hf_checkpoint_engine_greedy_with_an_image(moe_vl, moe_vl_files, vl_token_ids):
+    """The safetensors checkpoint (Qwen3_5MoeForConditionalGeneration, its preprocessor config):
+    the engine's greedy tokens after an image prompt equal transformers', beside a text request."""
+    from PIL import Image
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from g906.engine.llm_engine import EngineConfig, LLMEngine
+    from g906.engine.loader import load_model
+    from g906.engine.sampling_params import SamplingParams
+    from g906.engine.vision.runtime import load_vision
+
+    hf = moe_vl_files[2]
+    loaded = load_model(str(hf), dtype="float32", device="cpu", progress=False)
+    vision = load_vision(hf, text_config=loaded.config, tokenizer=loaded.tokenizer)
+    t = vl_token_ids
+    img = Image.open(io.BytesIO(png_bytes(96, 64, seed=6)))
+    ids, mm = vision.expand([5, 17, t["<|vision_start|>"], t["<|image_pad|>"], t["<|vision_end|>"], 40, 41, 9],
+                            vision.prepare_images([img]))
+    proc = Qwen2VLImageProcessorPil(patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3,
+                                    image_std=[0.5] * 3, size=dict(PREPROCESSOR["size"]))
+    feats = proc(images=[img], return_tensors="pt")
+    assert ids.count(t["<|image_pad|>"]) == int(feats["image_grid_thw"].prod()) // 4
+    seq = list(ids)
+    with torch.no_grad():
+        for _ in range(5):
+            inp = torch.tensor([seq])
+            out = moe_vl(input_ids=inp, pixel_values=feats["pixel_values"], image_grid_thw=feats["image_grid_thw"],
+                         mm_token_type_ids=(inp == t["<|image_pad|>"]).int(), use_cache=False)
+            seq.append(int(out.logits[0, -1].argmax()))
+    eng = LLMEngine(loaded, EngineConfig(max_num_seqs=2, max_num_batched_tokens=16, max_model_len=128,
+                                         num_kv_blocks=32, block_size=8), vision=vision)
+    p = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True)
+    eng.add_request("text", [1, 2, 3, 4, 5, 6], p)
+    eng.add_request("img", ids, p, mm=mm)
+    got: dict[str, list[int]] = {"text": [], "img": []}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            got[o.request_id].extend(o.new_token_ids)
+    assert got["img"] == seq[len(ids):]
 
 
 def test_image_beyond_the_recipe_limit_is_400(client):
