@@ -25,6 +25,7 @@ from tests.kernels.test_gfx9_code import (  # noqa: F401 - compiler, sass: fixtu
     MAX_VGPRS,
     _check,
     _launch_request,
+    _analyse,
     _Launches,
     _rocm,
     compiler,
@@ -97,3 +98,20 @@ def test_fma_dot_is_not_the_matrix_core_code(compiler, sass):
     req, _ = _launch_request(sass, MODULE, name, getattr(mod, name), args, kwargs)
     assert compiler(req)["agprs"] > 0
     assert compiler({**req, "fma_dot": True})["agprs"] == 0
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "F16"])
+def test_sass_script_builds_the_engines_routed_gemv(compiler, sass, qtype):
+    """benchmarks/sass.py --moe (which prints the routed GEMV's VALU instructions per weight,
+    docs/PERF.md) compiles the kernel moe_experts launches at one token: the same constexprs
+    and the same registers."""
+    mod = importlib.import_module(MODULE)
+    with _rocm():
+        launches = {n: (a, kw) for n, a, kw in _launch_moe(qtype, 1)}
+    for which, name in (("gate_up", "_routed_gate_up_kernel"), ("down", "_routed_down_kernel")):
+        req, const = _launch_request(sass, MODULE, name, getattr(mod, name), *launches[name])
+        res = _analyse(compiler, ["--moe", which, "--qtype", qtype, "--rows", const["BLOCK_N"],
+                                  "--block-k", const["BLOCK_K"], "--warps", req["options"]["num_warps"]])
+        assert {k: res["const"][k] for k in ("TOPK", "QT", "STEP_B", "BLOCK_N", "BLOCK_K")} == \
+            {k: const[k] for k in ("TOPK", "QT", "STEP_B", "BLOCK_N", "BLOCK_K")}
+        assert res["vgprs"] == compiler(req)["vgprs"]
