@@ -4,6 +4,7 @@
     python benchmarks/sass.py --qtype F16 --rows 8 --block-k 512       # dense fp16 GEMV
     python benchmarks/sass.py --qtype Q8_0 --rows 4 --prefetch --json  # machine-readable
     python benchmarks/sass.py --qtype F16 --rows 16 --block-k 256 --rms-in --partials 256
+    python benchmarks/sass.py --target gfx908 --moe gate_up --qtype Q4_K --rows 16   # MoE routed GEMV
 
 Triton's own ptxas and nvdisasm (shipped in its wheel) turn the kernel into SASS, so this
 runs on any machine: it is how the instruction counts in docs/PERF.md were read (a kernel at
@@ -54,6 +55,8 @@ def _kernel_and_signature(args):
     norm = dict(ADD_NORM=2 if args.add_norm else 0, RMS_IN=args.rms_in, BLOCK_P=args.partials)
     if args.qtype == "ATTN":
         return _attention_kernel_and_signature(args)
+    if args.moe:
+        return _moe_kernel_and_signature(args)
     if args.qtype == "F16":
         fn = dense._gemv_kernel
         ptrs = {"x_ptr": "*fp16", "w_ptr": "*fp16", "out_ptr": "*fp16", "z_ptr": "*fp16",
@@ -140,11 +143,34 @@ def _attention_kernel_and_signature(args):
     return _signature(fn, ptrs, const, aligned, {"qk_scale"})
 
 
+def _moe_kernel_and_signature(args):
+    """The MoE routed GEMV of decode (g906/kernels/moe): the gate/up kernel (--moe gate_up: one
+    (token, expert) pair's gate and up rows, SwiGLU) or the down kernel (--moe down: a token's
+    top-k experts in turn), --rows rows a program over rows of --k elements, top-8; dense fp16
+    experts (F16, --block-k a step) or GGUF blocks (256 values a step), as moe_experts launches."""
+    from g906.kernels.linear.gguf_decode import QTYPES, STEP_BYTES
+    from g906.kernels.moe import kernel as M
+
+    dense = args.qtype == "F16"
+    w = "*fp16" if dense else "*u8"
+    const = dict(TOPK=8, QT=-1 if dense else QTYPES[args.qtype], STEP_B=1 if dense else STEP_BYTES[args.qtype],
+                 BLOCK_N=args.rows, BLOCK_K=args.block_k)
+    if args.moe == "gate_up":
+        fn = M._routed_gate_up_kernel
+        ptrs = {"x_ptr": "*fp16", "w_ptr": w, "ids_ptr": "*i32", "h_ptr": "*fp16"}
+    else:
+        fn = M._routed_down_kernel
+        ptrs = {"h_ptr": "*fp16", "w_ptr": w, "ids_ptr": "*i32", "tw_ptr": "*fp32", "y_ptr": "*fp16"}
+    return _signature(fn, ptrs, const, {"I", "N", "K", "sx", "swe", "swn", "sh", "sy"}, set())
+
+
 def _weights_per_lane(args) -> int:
     """Weights one lane decodes per iteration of the main loop (packed: 4 words a row;
-    attention: K and V elements of the tile)."""
+    attention: K and V elements of the tile; MoE: a step of every row)."""
     from g906.kernels.linear.packed_fields import PQ_E
 
+    if args.moe:
+        return max(1, args.rows * (args.block_k if args.qtype == "F16" else 256) // (_lanes(args) * args.warps))
     if args.qtype == "ATTN":
         return max(1, args.rows * args.head_dim * 2 // (_lanes(args) * args.warps))
     if args.qtype == "F16":
@@ -322,6 +348,9 @@ def parser() -> argparse.ArgumentParser:
                     help="scaling by 1 / rms of its input's residual (consumer)")
     ap.add_argument("--partials", type=int, default=1024,
                     help="with --rms-in: the producer's programs (partial sums; a power of 2)")
+    ap.add_argument("--moe", choices=["gate_up", "down"], default=None,
+                    help="the MoE routed GEMV (g906/kernels/moe) instead: --qtype F16 or a GGUF type, "
+                         "--rows its BLOCK_N (engine: 16), --block-k F16's step (engine: 128)")
     ap.add_argument("--json", action="store_true")
     return ap
 

@@ -7,7 +7,8 @@ spilled VGPRs or scratch memory in the gfx908 code are therefore spills on a gfx
 has no more than 256 VGPRs there; the batch-1 packed GEMVs also promise <= 128 (two waves per
 SIMD: g906/kernels/linear/packed_config.py, _pq_rocm_decode). The configs come from the launchers' own
 config functions with the device mocked as ROCm (wave64), over every decode projection of the
-real model shapes (g906/data/models.toml), so the test follows the defaults when they change.
+real model shapes (g906/data/models.toml; the 35B-A3B's shared expert and router among them, its
+routed experts' kernels in test_gfx9_moe.py), so the test follows the defaults when they change.
 benchmarks/sass.py builds and compiles the GEMVs and the decode attention; the other decode
 kernels are compiled from a recorded launch of their launcher on CPU tensors. No GPU: Triton's
 bundled LLVM, about a second a kernel.
@@ -42,9 +43,14 @@ tl = pytest.importorskip("triton.language")
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGET = "gfx908"
-# the dense shapes: an MoE shape's MLP runs on the routed-expert kernels (g906/kernels/moe), whose
-# gfx9 code is not checked here yet
-SHAPES = {m: s for m, s in data.load("models")["shapes"].items() if not s.get("num_experts")}
+# every model shape; an MoE shape's (35B-A3B) MLP here is its shared expert (the dense MLP's
+# kernels) and its router a plain GEMV: the routed experts' kernels are test_gfx9_moe.py's
+SHAPES = data.load("models")["shapes"]
+
+
+def _mlp_inter(s: dict) -> int:
+    """The features of the MLP the dense kernels run: the shared expert's in an MoE shape."""
+    return s.get("shared_expert_intermediate_size") or s["intermediate_size"]
 QTYPES = ("Q4_K", "Q4_0", "Q5_K", "Q6_K", "Q8_0")
 MAX_VGPRS = 256          # a gfx906 lane's
 TWO_WAVES = 128          # two waves per SIMD
@@ -88,9 +94,20 @@ def _handle(sass, req: dict) -> dict:
     module, name = req["kernel"].split(":")
     fn = getattr(importlib.import_module(module), name)
     attrs = {tuple(k): v for k, v in req["attrs"]}
-    ck = triton.compile(ASTSource(fn, req["signature"], req["constexprs"], attrs), target=target,
-                        options=req["options"])
-    return sass.amd_registers(ck.asm["amdgcn"])
+    src = ASTSource(fn, req["signature"], req["constexprs"], attrs)
+    if not req.get("fma_dot"):
+        ck = triton.compile(src, target=target, options=req["options"])
+        return sass.amd_registers(ck.asm["amdgcn"])
+    # tl.dot as a gfx906 runs it: without the pass that turns it into gfx908's matrix-core
+    # instructions (AGPR accumulators) it keeps the FMA lowering; compiled into a cache of its
+    # own, so that no one else's gfx908 build reads this code
+    from triton._C.libtriton import amd
+
+    with tempfile.TemporaryDirectory() as cache, \
+            mock.patch.object(amd.passes.ttgpuir, "add_accelerate_matmul", lambda *a: None), \
+            mock.patch.object(triton.knobs.cache, "dir", cache):
+        ck = triton.compile(src, target=target, options=req["options"])
+        return sass.amd_registers(ck.asm["amdgcn"])
 
 
 def _serve():
@@ -229,13 +246,18 @@ def _gemvs(s: dict) -> list[tuple[str, int, int, str]]:
     (q|gate, k, v; the linear attention's qkv, z, b, a; gate|up). role: "in" takes the input
     norm (with dense weights split into its producer: RMS_IN), "out" writes the residual stream
     (ADD_NORM), "head" neither."""
-    h, i, d = s["hidden_size"], s["intermediate_size"], s["head_dim"]
+    h, i, d = s["hidden_size"], _mlp_inter(s), s["head_dim"]
     hq, hk = s["num_attention_heads"], s["num_key_value_heads"]
     lk, dk = s["linear_num_key_heads"], s["linear_key_head_dim"]
     lv, dv = s["linear_num_value_heads"], s["linear_value_head_dim"]
+    # an MoE shape's router and shared-expert gate: dense GEMVs (GGUF files keep them F32)
+    router = [("router", s["num_experts"], h, "head"), ("shared_gate", 1, h, "head")] if s.get("num_experts") else []
     return [("qkv", 2 * hq * d + 2 * hk * d, h, "in"), ("o_proj", h, hq * d, "out"),
             ("in_proj", 2 * lk * dk + 2 * lv * dv + 2 * lv, h, "in"), ("out_proj", h, lv * dv, "out"),
-            ("gate_up", 2 * i, h, "in"), ("down", h, i, "out"), ("lm_head", s["vocab_size"], h, "head")]
+            ("gate_up", 2 * i, h, "in"), ("down", h, i, "out"), ("lm_head", s["vocab_size"], h, "head"), *router]
+
+
+DENSE_ONLY = ("router", "shared_gate")
 
 
 def _analyse(compiler, argv) -> dict:
@@ -272,6 +294,8 @@ def test_packed_gemv(compiler, qtype, tokens):
             assert pdl.pdl_args(torch.device("cuda")) == {}      # ROCm: no PDL (nor PRELOAD)
         for model, s in SHAPES.items():
             for proj, n, k, _ in _gemvs(s):
+                if proj in DENSE_ONLY:
+                    continue
                 for T in TOKENS[tokens]:
                     c = packed_config._pq_gemv_config(T, n, k, qtype, torch.device("cpu"))
                     cases.setdefault(_packed_argv(qtype, c), []).append(f"{model} {proj} T={T}")
@@ -419,7 +443,7 @@ def _launches(s: dict, zero_centred: bool) -> dict:
     values do not matter)."""
     f16, f32, i32, i64 = torch.float16, torch.float32, torch.int32, torch.int64
     z = lambda *shape, dtype=f16: torch.zeros(*shape, dtype=dtype)   # noqa: E731
-    h, i, d = s["hidden_size"], s["intermediate_size"], s["head_dim"]
+    h, i, d = s["hidden_size"], _mlp_inter(s), s["head_dim"]
     hq, hk = s["num_attention_heads"], s["num_key_value_heads"]
     lk, dk = s["linear_num_key_heads"], s["linear_key_head_dim"]
     lv, dv = s["linear_num_value_heads"], s["linear_value_head_dim"]
@@ -477,7 +501,7 @@ def _fused_gemvs(s: dict, zero_centred: bool) -> dict:
     from g906.kernels.linear import repack
 
     f16 = torch.float16
-    h, i = s["hidden_size"], s["intermediate_size"]
+    h, i = s["hidden_size"], _mlp_inter(s)
     lv, dv = s["linear_num_value_heads"], s["linear_value_head_dim"]
     add_norm = (torch.zeros(1, h, dtype=f16), torch.zeros(h, dtype=f16), zero_centred)
     out = {}

@@ -577,6 +577,10 @@ def test_rocm_decode_configs(qtype, monkeypatch):
         assert K._pq_gemv_config(1, 1024, 1024, qtype, torch.device("cpu"))["num_warps"] == 1
         c16 = K._pq_gemv_config(16, 4096, 4096, qtype, torch.device("cpu"))
         assert (c16["BLOCK_T"], c16["BLOCK_N"]) == (4, 2)        # 4 token blocks, no spills
+        # the 35B-A3B shared expert's down projection (K = 512): a row of one word a lane or
+        # less runs one row a program at 4 tokens (2 rows spill with the SwiGLU prologue)
+        c4 = K._pq_gemv_config(3, 2048, 512, qtype, torch.device("cpu"))
+        assert (c4["BLOCK_T"], c4["BLOCK_N"]) == (4, 2 if qtype == "Q8_0" else 1)
         g = torch.Generator().manual_seed(55)
         N, K_ = 13, 768
         w = qweight(N, K_, qtype, 9)

@@ -129,14 +129,16 @@ def test_grouped_gemm_dense(dtype):
     assert_close(out, moe_experts(x, gu, dn, ids, w))
 
 
-@pytest.mark.parametrize("qtype", FUSED)
-def test_grouped_gemm_quant(qtype):
+@pytest.mark.parametrize("qtype, k32", [(q, True) for q in FUSED] + [("Q4_K", False), ("Q8_0", False)])
+def test_grouped_gemm_quant(qtype, k32):
+    """Each 256-value step's products as ROCm and the interpreter take them (four dots of 32
+    columns: K32) and as CUDA does (one of 128)."""
     E, H, inter, k, T = 12, 256, 256, 8, 17
     gu = quant_experts(E, 2 * inter, H, qtype, 16)
     dn = quant_experts(E, H, inter, qtype, 17)
     x = randn(T, H, gen=torch.Generator().manual_seed(18))
     ids, w = routing(T, E, k, 19)
-    out = moe_kernel.moe_experts(x, gu, dn, ids, w, BLOCK_N=128, BLOCK_M=16)
+    out = moe_kernel.moe_experts(x, gu, dn, ids, w, BLOCK_N=128, BLOCK_M=16, K32=k32)
     assert_close(out, moe_experts(x, gu, dn, ids, w))
 
 

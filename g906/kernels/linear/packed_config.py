@@ -87,8 +87,12 @@ def _pq_gemv_config_cached(T, N, K, qtype, device):
     elif rocm:
         # at most 4 tokens a program, more token blocks beyond: from 8 tokens on the gfx908 code
         # needs AGPRs or scratch (spills on a gfx906, which has no AGPRs); 2 tokens x 4 rows or
-        # 4 x 2 fit its VGPRs
-        block_n = 4 if bt == 2 else 2
+        # 4 x 2 fit its VGPRs. A row of at most a quarter of the wave's iteration (one word a
+        # lane or less, masked: the MoE shared expert's down projection, K = 512 in the 4-bit
+        # types) takes one row at 4 tokens: 2 rows with the SwiGLU prologue need 255 VGPRs and
+        # 7 AGPRs there (gfx908 code, tests/kernels/test_gfx9_code.py)
+        short = kw <= ws * fit
+        block_n = 4 if bt == 2 else (1 if short else 2)
         warps, wsplit, block_t = fit, True, min(bt, 4)
     elif bt == 1:
         block_n, warps, prefetch, pairs, wsplit = _pq_cuda_decode(qtype, N, K, num_sms(device))

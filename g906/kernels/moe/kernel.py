@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_util import empty
+from .._triton_util import empty, is_rocm
 from ..linear.gguf_decode import QTYPES, STEP_BYTES, _dequant_step
 from .sort import sort_by_expert
 
@@ -96,7 +96,7 @@ def _dot_t(a, b, acc, FP32: tl.constexpr):
 
 @triton.jit
 def _tile_gemm(xrow, xmask, w_ptr, row_off, K, acc, QT: tl.constexpr, STEP_B: tl.constexpr,
-               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.constexpr):
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.constexpr, K32: tl.constexpr):
     """acc [M, N] + x rows (pointers xrow [M, 1]) @ the weight rows at w_ptr + row_off [N]^T."""
     if QT < 0:
         for k0 in range(0, K, BLOCK_K):
@@ -112,16 +112,42 @@ def _tile_gemm(xrow, xmask, w_ptr, row_off, K, acc, QT: tl.constexpr, STEP_B: tl
             kb = st * 256
             a0 = tl.load(xrow + kb + tl.reshape(e0, (1, 128)), mask=xmask, other=0.0)
             a1 = tl.load(xrow + kb + tl.reshape(e1, (1, 128)), mask=xmask, other=0.0)
-            acc = _dot_t(a0, tl.reshape(w0, (BLOCK_N, 128)), acc, FP32)
-            acc = _dot_t(a1, tl.reshape(w1, (BLOCK_N, 128)), acc, FP32)
+            if K32:
+                acc = _dot_t_k32(a0, tl.reshape(w0, (BLOCK_N, 128)), acc, FP32)
+                acc = _dot_t_k32(a1, tl.reshape(w1, (BLOCK_N, 128)), acc, FP32)
+            else:
+                acc = _dot_t(a0, tl.reshape(w0, (BLOCK_N, 128)), acc, FP32)
+                acc = _dot_t(a1, tl.reshape(w1, (BLOCK_N, 128)), acc, FP32)
     return acc
+
+
+@triton.jit
+def _quarters(t):
+    """The four [R, 32] parts of t [R, 128] whose columns are k = 4 i + q (q = 0..3)."""
+    lo, hi = tl.split(tl.reshape(t, (t.shape[0], 32, 2, 2)))
+    q0, q1 = tl.split(lo)
+    q2, q3 = tl.split(hi)
+    return q0, q1, q2, q3
+
+
+@triton.jit
+def _dot_t_k32(a, b, acc, FP32: tl.constexpr):
+    """acc + a [M, 128] @ b [N, 128]^T as four products of 32 columns (the same columns of a and
+    b: the sum is unchanged). tl.dot's FMA lowering (gfx906: no matrix cores) holds a thread's
+    whole K of both operands in registers: 128 spills, 32 does not (tests/kernels/test_gfx9_moe.py)."""
+    a0, a1, a2, a3 = _quarters(a)
+    b0, b1, b2, b3 = _quarters(b)
+    acc = _dot_t(a0, b0, acc, FP32)
+    acc = _dot_t(a1, b1, acc, FP32)
+    acc = _dot_t(a2, b2, acc, FP32)
+    return _dot_t(a3, b3, acc, FP32)
 
 
 @triton.jit(do_not_specialize=["num_pairs"])
 def _grouped_gate_up_kernel(x_ptr, w_ptr, pairs_ptr, tile_e_ptr, h_ptr, num_pairs, I, K, sx, swe, swn, sh,
                             TOPK: tl.constexpr, QT: tl.constexpr, STEP_B: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                            FP32: tl.constexpr):
+                            FP32: tl.constexpr, K32: tl.constexpr):
     pm = tl.program_id(0)
     e = tl.load(tile_e_ptr + pm).to(tl.int64)
     if e < 0:        # a tile the routing left unused (sort.py sizes for the most tiles)
@@ -134,9 +160,9 @@ def _grouped_gate_up_kernel(x_ptr, w_ptr, pairs_ptr, tile_e_ptr, h_ptr, num_pair
     nmask = nn < I
     nc = tl.where(nmask, nn, 0).to(tl.int64)
     g = _tile_gemm(xrow, valid[:, None], w_ptr, e * swe + nc * swn, K,
-                   tl.zeros([BLOCK_M, BLOCK_N], tl.float32), QT, STEP_B, BLOCK_N, BLOCK_K, FP32)
+                   tl.zeros([BLOCK_M, BLOCK_N], tl.float32), QT, STEP_B, BLOCK_N, BLOCK_K, FP32, K32)
     u = _tile_gemm(xrow, valid[:, None], w_ptr, e * swe + (nc + I) * swn, K,
-                   tl.zeros([BLOCK_M, BLOCK_N], tl.float32), QT, STEP_B, BLOCK_N, BLOCK_K, FP32)
+                   tl.zeros([BLOCK_M, BLOCK_N], tl.float32), QT, STEP_B, BLOCK_N, BLOCK_K, FP32, K32)
     h = g / (1.0 + tl.exp(-g)) * u
     tl.store(h_ptr + rc[:, None] * sh + nn[None, :], h.to(h_ptr.dtype.element_ty),
              mask=valid[:, None] & nmask[None, :])
@@ -145,7 +171,8 @@ def _grouped_gate_up_kernel(x_ptr, w_ptr, pairs_ptr, tile_e_ptr, h_ptr, num_pair
 @triton.jit(do_not_specialize=["num_pairs"])
 def _grouped_down_kernel(h_ptr, w_ptr, pairs_ptr, tile_e_ptr, tw_ptr, out_ptr, num_pairs, N, K, sh, swe, swn,
                          so, QT: tl.constexpr, STEP_B: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.constexpr):
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32: tl.constexpr,
+                         K32: tl.constexpr):
     pm = tl.program_id(0)
     e = tl.load(tile_e_ptr + pm).to(tl.int64)
     if e < 0:
@@ -157,7 +184,7 @@ def _grouped_down_kernel(h_ptr, w_ptr, pairs_ptr, tile_e_ptr, tw_ptr, out_ptr, n
     nmask = nn < N
     nc = tl.where(nmask, nn, 0).to(tl.int64)
     acc = _tile_gemm(h_ptr + rc[:, None] * sh, valid[:, None], w_ptr, e * swe + nc * swn, K,
-                     tl.zeros([BLOCK_M, BLOCK_N], tl.float32), QT, STEP_B, BLOCK_N, BLOCK_K, FP32)
+                     tl.zeros([BLOCK_M, BLOCK_N], tl.float32), QT, STEP_B, BLOCK_N, BLOCK_K, FP32, K32)
     wt = tl.load(tw_ptr + rc, mask=valid, other=0.0).to(tl.float32)
     tl.store(out_ptr + rc[:, None] * so + nn[None, :], acc * wt[:, None],
              mask=valid[:, None] & nmask[None, :])
@@ -185,6 +212,28 @@ def supports(x, w_gate_up, w_down, topk_ids, topk_weights) -> bool:
     return True
 
 
+def on_gpu(device) -> bool:
+    return device.type == "cuda"
+
+
+def moe_config(T, device, qtype: str | None = None) -> dict:
+    """Tiles of the routed GEMV (T <= GEMV_MAX_TOKENS: BLOCK_N rows, BLOCK_K elements of a dense
+    row a step) and of the grouped GEMM (BLOCK_M pairs x BLOCK_N rows x BLOCK_K); smaller tiles
+    in the interpreter (CPU). K32: a GGUF step's dots taken 32 columns at a time (_dot_t_k32;
+    CUDA's tensor cores take the 128 at once). qtype: the experts' GGUF type (None: dense). On ROCm the grouped
+    GEMM of GGUF experts takes smaller tiles, the largest whose gfx908 code (FMA dots, as a
+    gfx906 runs them) needs no AGPRs at the 35B-A3B shape: 16 x 16 for Q4_K / Q5_K (their
+    scales and minimums decoded in fp32), 32 x 32 for the others (tests/kernels/test_gfx9_moe.py)."""
+    if T <= GEMV_MAX_TOKENS:
+        return dict(BLOCK_N=16, BLOCK_K=128, num_warps=4)
+    if not on_gpu(device):
+        return dict(BLOCK_M=16, BLOCK_N=16, BLOCK_K=32, num_warps=4, K32=True)
+    if qtype is not None and is_rocm():
+        tile = 16 if qtype in ("Q4_K", "Q5_K") else 32
+        return dict(BLOCK_M=tile, BLOCK_N=tile, BLOCK_K=32, num_warps=4, K32=True)
+    return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=32, num_warps=4, K32=False)
+
+
 def moe_experts(x, w_gate_up, w_down, topk_ids, topk_weights, **cfg):
     T, H = x.shape
     k = topk_ids.shape[1]
@@ -198,10 +247,9 @@ def moe_experts(x, w_gate_up, w_down, topk_ids, topk_weights, **cfg):
     wg, qg, sbg, seg, sng = _weight_args(w_gate_up)
     wd, qd, sbd, sed, snd = _weight_args(w_down)
     h = empty((T * k, inter), x.dtype, x.device)
+    c = {**moe_config(T, x.device, getattr(w_gate_up, "qtype", None)), **cfg}
     if T <= GEMV_MAX_TOKENS:
-        bn = cfg.get("BLOCK_N", 16)
-        bk = cfg.get("BLOCK_K", 128)
-        warps = cfg.get("num_warps", 4)
+        bn, bk, warps = c["BLOCK_N"], c["BLOCK_K"], c["num_warps"]
         _routed_gate_up_kernel[(T * k, triton.cdiv(inter, bn))](
             x, wg, ids, h, inter, H, x.stride(0), seg, sng, h.stride(0),
             TOPK=k, QT=qg, STEP_B=sbg, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
@@ -209,19 +257,15 @@ def moe_experts(x, w_gate_up, w_down, topk_ids, topk_weights, **cfg):
             h, wd, ids, tw, y, H, inter, h.stride(0), sed, snd, y.stride(0),
             TOPK=k, QT=qd, STEP_B=sbd, BLOCK_N=bn, BLOCK_K=bk, num_warps=warps)
         return y
-    gpu = x.device.type == "cuda"
-    bm = cfg.get("BLOCK_M", 32 if gpu else 16)
-    bn = cfg.get("BLOCK_N", 64 if gpu else 16)
-    bk = cfg.get("BLOCK_K", 32)
-    warps = cfg.get("num_warps", 4)
+    bm, bn, bk, warps, k32 = c["BLOCK_M"], c["BLOCK_N"], c["BLOCK_K"], c["num_warps"], c["K32"]
     pairs, tile_e = sort_by_expert(topk_ids, E, bm)
     n_tiles = tile_e.numel()
     fp32 = x.dtype == torch.float32
     _grouped_gate_up_kernel[(n_tiles, triton.cdiv(inter, bn))](
         x, wg, pairs, tile_e, h, T * k, inter, H, x.stride(0), seg, sng, h.stride(0),
-        TOPK=k, QT=qg, STEP_B=sbg, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, FP32=fp32, num_warps=warps)
+        TOPK=k, QT=qg, STEP_B=sbg, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, FP32=fp32, K32=k32, num_warps=warps)
     out = empty((T * k, H), torch.float32, x.device)
     _grouped_down_kernel[(n_tiles, triton.cdiv(H, bn))](
         h, wd, pairs, tile_e, tw, out, T * k, H, inter, h.stride(0), sed, snd, out.stride(0),
-        QT=qd, STEP_B=sbd, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, FP32=fp32, num_warps=warps)
+        QT=qd, STEP_B=sbd, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, FP32=fp32, K32=k32, num_warps=warps)
     return out.view(T, k, H).sum(dim=1).to(x.dtype)
