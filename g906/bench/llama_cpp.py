@@ -95,7 +95,8 @@ class LlamaCpp:
         text = (r.stdout + r.stderr).strip()
         if r.returncode != 0:
             raise G906Error(f"llama-bench --version exited {r.returncode}: {text[-300:]}")
-        return text.splitlines()[-1] if text else "unknown"
+        lines = text.splitlines()
+        return next((x.split(":", 1)[1].strip() for x in lines if x.startswith("version:")), lines[-1] if lines else "unknown")
 
     # ------------------------------------------------------------------ measurements
 
