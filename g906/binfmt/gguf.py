@@ -57,14 +57,21 @@ _DTYPES: dict[GGUFValueType, np.dtype] = {
 
 
 class GGUFFormatError(ValueError):
-    """A file that is not a valid GGUF file; `detail` says what is wrong, `offset` where."""
+    """A file that is not a valid GGUF file; `detail` says what is wrong, `offset` where in the
+    file the faulty field (key, value, tensor table entry) was read."""
+
+    prefix = ""
 
     def __init__(self, path: str | os.PathLike[str], detail: str, offset: int | None = None):
         self.path = Path(path)
         self.detail = detail
         self.offset = offset
-        where = f" (at byte {offset})" if offset is not None else ""
-        super().__init__(f"{self.path}: {detail}{where}")
+        super().__init__(f"{self.path}: {self.prefix}{self.located}")
+
+    @property
+    def located(self) -> str:
+        """The detail with its offset: what the callers put after their own framing."""
+        return self.detail + (f" (read at byte {self.offset})" if self.offset is not None else "")
 
 
 class NotGGUFError(GGUFFormatError):
@@ -73,6 +80,8 @@ class NotGGUFError(GGUFFormatError):
 
 class TruncatedGGUFError(GGUFFormatError):
     """The header or a tensor's data runs past the end of the file."""
+
+    prefix = "truncated file: "
 
 
 class UnknownTensorTypeError(GGUFFormatError):
@@ -223,7 +232,7 @@ class _HeaderParser:
 
     def need(self, n: int, what: str) -> None:
         if self.pos + n > self.size:
-            self.fail(f"truncated: {what} needs {n} bytes but the file ends at byte {self.size}",
+            self.fail(f"{what} needs {n} bytes but the file ends at byte {self.size}",
                       cls=TruncatedGGUFError)
 
     def u32(self, what: str) -> int:
@@ -286,7 +295,7 @@ class _HeaderParser:
         # every string or inner array takes at least 8 bytes: a corrupt count fails here, before
         # a list of that length is built
         if count * 8 > self.size - self.pos:
-            self.fail(f"truncated: {what} claims {count} elements, more than the rest of the file holds",
+            self.fail(f"{what} claims {count} elements, more than the rest of the file holds",
                       at, cls=TruncatedGGUFError)
         if item == GGUFValueType.STRING:
             return self.strings(count, what), item, count
@@ -304,12 +313,12 @@ class _HeaderParser:
         for i in range(count):
             if pos + 8 > size:
                 self.pos = pos
-                self.fail(f"truncated: {what}[{i}] runs past the end of the file ({size} bytes)",
+                self.fail(f"{what}[{i}] runs past the end of the file ({size} bytes)",
                           cls=TruncatedGGUFError)
             (n,) = unpack(buf, pos)
             end = pos + 8 + n
             if end > size:
-                self.fail(f"truncated: {what}[{i}] ({n} bytes) runs past the end of the file ({size} bytes)",
+                self.fail(f"{what}[{i}] ({n} bytes) runs past the end of the file ({size} bytes)",
                           pos, cls=TruncatedGGUFError)
             try:
                 append(buf[pos + 8:end].decode("utf-8"))
@@ -398,7 +407,7 @@ class _HeaderParser:
         n_bytes = n // block * type_size
         start = f.data_offset + rel
         if start + n_bytes > self.size:
-            self.fail(f"truncated: tensor {name} ({gtype.name}, {n_bytes} bytes at byte {start}) would end at "
+            self.fail(f"tensor {name} ({gtype.name}, {n_bytes} bytes at byte {start}) would end at "
                       f"byte {start + n_bytes} but the file has {self.size}", at, TruncatedGGUFError)
         return TensorInfo(name, dims, gtype, rel, start, n_bytes, at)
 

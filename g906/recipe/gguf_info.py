@@ -95,8 +95,7 @@ def read_header(path: Path) -> GGUFHeader:
                     header.expert_types[t.type_name] += 1
                     header.expert_bytes += t.n_bytes
     except GGUFFormatError as exc:
-        raise ModelFileError(f"{path} is a damaged or truncated GGUF file: {exc.detail}"
-                             + (f" (at byte {exc.offset})" if exc.offset is not None else ""),
+        raise ModelFileError(f"{path} is a damaged or truncated GGUF file: {exc.located}",
                              "download it again and compare its size or checksum with the source") from None
     except OSError as exc:
         raise ModelFileError(f"cannot read {path}: {exc.strerror or exc}") from None

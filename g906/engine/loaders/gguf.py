@@ -102,9 +102,8 @@ def _open_file(path: Path) -> GGUFFile:
     except UnknownTensorTypeError as exc:
         raise G906Error(f"{path}: {exc.detail}", hint="supported types: " + ", ".join(_type_table())) from None
     except GGUFFormatError as exc:
-        where = f" at byte {exc.offset}" if exc.offset is not None else ""
         raise G906Error(
-            f"{path}: truncated or corrupt GGUF file ({exc.detail}{where}; the file has {path.stat().st_size} bytes)",
+            f"{path}: truncated or corrupt GGUF file ({path.stat().st_size} bytes): {exc.located}",
             hint="an interrupted download? compare the size with the source and download it again",
         ) from None
     except OSError as exc:
