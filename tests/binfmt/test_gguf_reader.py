@@ -378,3 +378,18 @@ def test_random_damage_is_always_a_format_error_or_a_valid_file(tmp_path_factory
             assert str(p) in str(exc)
 
     run()
+
+
+def test_benchmark_script_runs(small):
+    """benchmarks/gguf_open.py on a test file (no CLI timing): it prints its JSON row."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "gguf_open.py"
+    out = subprocess.run([sys.executable, str(script), "--gguf", str(small), "--repeat", "1", "--no-cli"],
+                         capture_output=True, text=True, check=True)
+    row = json.loads(out.stdout)
+    assert row["tensors"] == len(_tensors(np.random.default_rng(0))) and row["strings"] == 3      # a.str
+    assert row["g906_header_s"] > 0 and row["speedup_vs_gguf_py"] > 0
