@@ -26,7 +26,7 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
@@ -227,7 +227,7 @@ class _HeaderParser:
         self.size = f.size
         self.pos = 0
 
-    def fail(self, detail: str, offset: int | None = None, cls=GGUFFormatError):
+    def fail(self, detail: str, offset: int | None = None, cls=GGUFFormatError) -> NoReturn:
         raise cls(self.f.path, detail, self.pos if offset is None else offset)
 
     def need(self, n: int, what: str) -> None:
