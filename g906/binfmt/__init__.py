@@ -6,6 +6,10 @@
 elf.py reads headers, sections and the dynamic section; offload_bundle.py finds the GPU code
 objects a library carries (its .hip_fatbin) and names their targets. Shared by `g906 doctor` and
 `g906 rccl`; pure Python, torch-free.
+
+gguf.py reads GGUF model files (metadata, tensor table, tensor bytes as views of one mapping) for
+the recipe, the doctor and the engine's loader. It needs numpy and the gguf package's enums, so it
+is imported as g906.binfmt.gguf and not re-exported here (the doctor and rccl stay light).
 """
 
 from g906.binfmt.elf import (

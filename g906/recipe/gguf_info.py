@@ -74,46 +74,34 @@ def check_magic(path: Path) -> None:
 
 
 def read_header(path: Path) -> GGUFHeader:
-    """Parse a GGUF header with gguf.GGUFReader; any failure is a ModelFileError."""
+    """Parse a GGUF header (g906.binfmt.gguf); any failure is a ModelFileError."""
     check_magic(path)
     try:
-        from gguf import GGUFReader, GGUFValueType  # noqa: PLC0415 - numpy-heavy, only when needed
+        from g906.binfmt.gguf import GGUFFile, GGUFFormatError  # noqa: PLC0415 - numpy-heavy, only when needed
     except Exception as exc:  # noqa: BLE001
         raise ModelFileError(f"cannot read GGUF files: the gguf package failed to import ({exc})",
                              "pip install gguf") from None
     try:
-        reader = GGUFReader(str(path))
-        header = GGUFHeader(path=path, architecture=None)
-        for name, fld in reader.fields.items():
-            if not fld.types:
-                continue
-            if fld.types[0] == GGUFValueType.ARRAY:
-                header.array_lengths[name] = len(fld.data)
-            else:
-                header.scalars[name] = _plain(fld.contents())
-        for t in reader.tensors:
-            header.tensor_types[t.tensor_type.name] += 1
-            if EXPERT_TENSOR_RE.search(t.name):
-                header.expert_types[t.tensor_type.name] += 1
-                header.expert_bytes += int(t.n_bytes)
-    except ModelFileError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - a corrupt file must be a message, not a traceback
-        raise ModelFileError(
-            f"{path} is a damaged or truncated GGUF file ({type(exc).__name__}: {exc})",
-            "download it again and compare its size or checksum with the source",
-        ) from None
+        with GGUFFile(path) as f:
+            header = GGUFHeader(path=path, architecture=None)
+            for name, fld in f.fields.items():
+                if fld.is_array:
+                    header.array_lengths[name] = fld.count
+                else:
+                    header.scalars[name] = fld.value
+            for t in f.tensors:
+                header.tensor_types[t.type_name] += 1
+                if EXPERT_TENSOR_RE.search(t.name):
+                    header.expert_types[t.type_name] += 1
+                    header.expert_bytes += t.n_bytes
+    except GGUFFormatError as exc:
+        raise ModelFileError(f"{path} is a damaged or truncated GGUF file: {exc.located}",
+                             "download it again and compare its size or checksum with the source") from None
+    except OSError as exc:
+        raise ModelFileError(f"cannot read {path}: {exc.strerror or exc}") from None
     arch = header.scalars.get("general.architecture")
     header.architecture = arch if isinstance(arch, str) else None
     return header
-
-
-def _plain(value: Any) -> Any:
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return value
 
 
 def header_facts(header: GGUFHeader) -> dict[str, Any]:

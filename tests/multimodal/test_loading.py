@@ -80,3 +80,14 @@ def test_truncated_mmproj(vl_gguf_dir, tmp_path):
 def test_fp16_load(vl_hf_dir):
     v = load_vision(vl_hf_dir, text_config=config_from_hf_dir(vl_hf_dir), dtype=torch.float16)
     assert v.tower.merger.linear_fc2.weight.dtype == torch.float16
+
+
+def test_is_mmproj(vl_gguf_dir, tmp_path):
+    from g906.engine.vision.weights import is_mmproj
+
+    mmproj = vl_gguf_dir / "mmproj-tiny-vl-F32.gguf"
+    assert is_mmproj(mmproj)
+    assert not is_mmproj(vl_gguf_dir / "tiny-vl-F32.gguf")          # the language model
+    cut = tmp_path / "mmproj-cut.gguf"
+    cut.write_bytes(mmproj.read_bytes()[:100])
+    assert not is_mmproj(cut) and not is_mmproj(tmp_path / "absent.gguf")

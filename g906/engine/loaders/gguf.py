@@ -29,7 +29,6 @@ and how the loader undoes it (details and sources in docs/engine-gguf.md):
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 from collections.abc import Iterator, Mapping
@@ -43,6 +42,7 @@ import torch
 from g906.arch import quant as _quant
 from g906.arch import registry as _arch
 from g906.arch.config import ModelConfig
+from g906.binfmt.gguf import GGUFFile, GGUFFormatError, NotGGUFError, TensorInfo, UnknownTensorTypeError
 from g906.engine.weights import QuantizedExperts, QuantizedTensor
 from g906.errors import G906Error
 
@@ -51,7 +51,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-GGUF_MAGIC = b"GGUF"
 _SPLIT_RE = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 @dataclass(frozen=True)
@@ -63,21 +62,12 @@ class TensorEntry:
     type_name: str       # ggml name (e.g. "Q4_K"), also for types g906 does not support
     shape: tuple[int, ...]  # torch order (outermost first), i.e. ggml ne reversed
     path: Path
-    reader_index: int
-    tensor_index: int
+    file_index: int      # which part of a split set
+    info: TensorInfo     # the part's tensor table entry (offset, n_bytes)
 
 
 def _type_table() -> dict[str, dict]:
     return _quant.gguf_types()
-
-
-def _ggml_type_name(type_id: int) -> str:
-    import gguf
-
-    try:
-        return gguf.GGMLQuantizationType(type_id).name
-    except ValueError:
-        return f"type#{type_id}"
 
 
 def shard_paths(path: str | os.PathLike[str]) -> list[Path]:
@@ -99,118 +89,74 @@ def shard_paths(path: str | os.PathLike[str]) -> list[Path]:
     return paths
 
 
-def _open_reader(path: Path):
-    import gguf
-
+def _open_file(path: Path) -> GGUFFile:
     if not path.exists():
         raise G906Error(f"{path}: no such GGUF file")
     if not path.is_file():
         raise G906Error(f"{path}: not a regular file")
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as fh:
-            magic = fh.read(4)
-    except OSError as exc:
-        raise G906Error(f"{path}: cannot read the file: {exc.strerror or exc}") from None
-    if magic != GGUF_MAGIC:
+        f = GGUFFile(path, "c")  # private copy-on-write map: pages load lazily, views are writable
+    except NotGGUFError as exc:
+        raise G906Error(f"{path}: {exc.detail}",
+                        hint="pass a .gguf model file, or an HF model directory for safetensors") from None
+    except UnknownTensorTypeError as exc:
+        raise G906Error(f"{path}: {exc.detail}", hint="supported types: " + ", ".join(_type_table())) from None
+    except GGUFFormatError as exc:
         raise G906Error(
-            f"{path}: not a GGUF file (magic bytes {magic!r}, expected {GGUF_MAGIC!r})",
-            hint="pass a .gguf model file, or an HF model directory for safetensors",
-        )
-    try:
-        reader = gguf.GGUFReader(path, "c")  # private copy-on-write map: pages load lazily
-    except Exception as exc:  # noqa: BLE001 - any parse failure is a bad file
-        if "GGMLQuantizationType" in str(exc):
-            raise G906Error(
-                f"{path}: a tensor uses a type this gguf package does not know ({exc})",
-                hint="supported types: " + ", ".join(_type_table()),
-            ) from None
-        raise G906Error(
-            f"{path}: truncated or corrupt GGUF file ({size} bytes): {exc}",
+            f"{path}: truncated or corrupt GGUF file ({path.stat().st_size} bytes): {exc.located}",
             hint="an interrupted download? compare the size with the source and download it again",
         ) from None
-    _check_tensor_extents(path, reader, size)
-    return reader
+    except OSError as exc:
+        raise G906Error(f"{path}: cannot read the file: {exc.strerror or exc}") from None
+    _check_tensor_layout(f)
+    return f
 
 
-def _check_tensor_extents(path: Path, reader, size: int) -> None:
-    """Every tensor lies inside the file, at an aligned offset, with the size its shape and type
-    give. The gguf package adds offsets as 64-bit numpy integers, so an offset near 2**64 wraps
-    around to a small, valid-looking one: this recomputes everything from the raw fields with
-    Python integers (which do not overflow)."""
-    import gguf
-
-    align = int(reader.alignment)
-    start = int(reader.data_offset)
-    spans = []
-    for t in reader.tensors:
-        rel = int(t.field.parts[-1][0])                      # the offset as stored (uint64)
-        dims = [int(d) for d in t.field.parts[3]]
-        if rel % align:
-            raise G906Error(f"{path}: tensor {t.name} starts at offset {rel}, which is not a multiple of the "
-                            f"file's alignment ({align})", hint="the file is corrupt: download it again")
-        n = math.prod(dims)
-        block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(int(t.tensor_type))]
-        if any(d < 0 for d in dims) or n % block:
-            raise G906Error(f"{path}: tensor {t.name} has an impossible shape {dims} for its type "
-                            f"{_ggml_type_name(int(t.tensor_type))}", hint="the file is corrupt: download it again")
-        end = start + rel + n * type_size // block
-        if end > size or int(t.n_bytes) != n * type_size // block:
-            raise G906Error(
-                f"{path}: truncated or corrupt: tensor {t.name} would end at byte {end} but the file has {size}",
-                hint="download the file again",
-            )
-        spans.append((start + rel, end, t.name))
-    spans.sort()
-    # GGUF writers (gguf-py, llama.cpp) lay tensors end to end, each padded to the alignment: two
-    # tensors sharing bytes, or bytes no tensor uses, mean a damaged table (a changed type or
-    # shape whose data would be read from the wrong place)
-    prev_end, prev = start, None
+def _check_tensor_layout(f: GGUFFile) -> None:
+    """GGUF writers (gguf-py, llama.cpp) lay tensors end to end, each padded to the alignment:
+    two tensors sharing bytes, or bytes no tensor uses, mean a damaged table (a changed type or
+    shape whose data would be read from the wrong place). The reader already refused unaligned
+    offsets and data past the end of the file."""
+    spans = sorted((t.data_start, t.data_start + t.n_bytes, t.name) for t in f.tensors)
+    prev_end, prev = f.data_offset, None
     for begin, end, name in spans:
         if begin < prev_end:
-            raise G906Error(f"{path}: tensors {prev} and {name} overlap in the file",
+            raise G906Error(f"{f.path}: tensors {prev} and {name} overlap in the file",
                             hint="the file is corrupt: download it again")
-        if begin - prev_end >= align:
-            raise G906Error(f"{path}: {begin - prev_end} bytes before tensor {name} belong to no tensor: the "
+        if begin - prev_end >= f.alignment:
+            raise G906Error(f"{f.path}: {begin - prev_end} bytes before tensor {name} belong to no tensor: the "
                             "file's tensor table is corrupt", hint="download the file again")
         prev_end, prev = end, name
 
 
-def _field_value(field) -> Any:
-    import gguf
-
-    try:
-        v = field.contents()
-    except Exception:  # noqa: BLE001
-        return None
-    if field.types and field.types[0] == gguf.GGUFValueType.ARRAY and not isinstance(v, list):
-        v = [v]
-    return v
+def _python_value(value: Any) -> Any:
+    """Metadata as the engine consumes it: numeric arrays as lists (of lists when nested)."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, list) and value and not isinstance(value[0], str):
+        return [_python_value(v) for v in value]
+    return value
 
 
-def _check_split_metadata(paths: list[Path], readers: list[Any]) -> None:
+def _check_split_metadata(paths: list[Path], files: list[GGUFFile]) -> None:
+    count = files[0].get("split.count")
     if len(paths) > 1:
-        f = readers[0].fields.get("split.count")
-        count = _field_value(f) if f is not None else None
         if count is not None and int(count) != len(paths):
             raise G906Error(f"{paths[0]}: metadata says split.count={count} but the file names say {len(paths)}")
-        for i, (p, r) in enumerate(zip(paths, readers)):
-            f = r.fields.get("split.no")
-            no = _field_value(f) if f is not None else None
+        for i, (p, f) in enumerate(zip(paths, files)):
+            no = f.get("split.no")
             if no is not None and int(no) != i:
                 raise G906Error(f"{p}: metadata says this is split part {int(no) + 1}, the name says {i + 1}")
-    else:
-        f = readers[0].fields.get("split.count")
-        if f is not None and int(_field_value(f) or 1) > 1:
-            raise G906Error(
-                f"{paths[0]}: this is part of a {int(_field_value(f))}-file split set but its name "
-                "does not follow NAME-0000k-of-0000N.gguf",
-                hint="keep the original split file names",
-            )
+    elif count is not None and int(count or 1) > 1:
+        raise G906Error(
+            f"{paths[0]}: this is part of a {int(count)}-file split set but its name "
+            "does not follow NAME-0000k-of-0000N.gguf",
+            hint="keep the original split file names",
+        )
 
 
 class _LazyMetadata(Mapping):
-    """Metadata key -> python value, parsed on first access per key (token lists are big)."""
+    """Metadata key -> python value; numeric arrays become lists on first access per key."""
 
     def __init__(self, fields: Mapping[str, Any]):
         self._fields = dict(fields)
@@ -218,10 +164,10 @@ class _LazyMetadata(Mapping):
 
     def __getitem__(self, key: str) -> Any:
         if key not in self._cache:
-            self._cache[key] = _field_value(self._fields[key])
+            self._cache[key] = _python_value(self._fields[key].value)
         return self._cache[key]
 
-    def __contains__(self, key: object) -> bool:  # without parsing the value
+    def __contains__(self, key: object) -> bool:
         return key in self._fields
 
     def __iter__(self):
@@ -237,31 +183,29 @@ class GGUFModelFile:
     def __init__(self, path: str | os.PathLike[str]):
         """Open `path`: a .gguf file or any part of a split set (all parts are opened)."""
         paths = shard_paths(path)
-        readers = [_open_reader(p) for p in paths]
-        _check_split_metadata(paths, readers)
+        files = [_open_file(p) for p in paths]
+        _check_split_metadata(paths, files)
         self.paths = paths
         self.path = paths[0]
-        self._readers = readers
+        self._files = files
         fields: dict[str, Any] = {}
-        for r in readers:  # metadata lives in the first shard; later shards only add split.*
-            for k, f in r.fields.items():
-                if k.startswith("GGUF."):
-                    continue
-                fields.setdefault(k, f)
+        for f in files:  # metadata lives in the first shard; later shards only add split.*
+            for k, fld in f.fields.items():
+                fields.setdefault(k, fld)
         self.metadata: Mapping[str, Any] = _LazyMetadata(fields)
         self._tensors: dict[str, TensorEntry] = {}
-        for ri, r in enumerate(readers):
-            for ti, t in enumerate(r.tensors):
+        for fi, f in enumerate(files):
+            for t in f.tensors:
                 if t.name in self._tensors:
-                    raise G906Error(f"{paths[ri]}: tensor {t.name} appears twice in the split set")
+                    raise G906Error(f"{paths[fi]}: tensor {t.name} appears twice in the split set")
                 self._tensors[t.name] = TensorEntry(
                     name=t.name,
-                    type_id=int(t.tensor_type),
-                    type_name=_ggml_type_name(int(t.tensor_type)),
-                    shape=tuple(int(x) for x in reversed(t.shape.tolist())),
-                    path=paths[ri],
-                    reader_index=ri,
-                    tensor_index=ti,
+                    type_id=int(t.type),
+                    type_name=t.type_name,
+                    shape=t.shape,
+                    path=paths[fi],
+                    file_index=fi,
+                    info=t,
                 )
         self._config: ModelConfig | None = None
         self._validated = False
@@ -305,7 +249,7 @@ class GGUFModelFile:
         return out
 
     def tensor_bytes(self) -> int:
-        return sum(int(self._readers[t.reader_index].tensors[t.tensor_index].n_bytes) for t in self._tensors.values())
+        return sum(t.info.n_bytes for t in self._tensors.values())
 
     @property
     def file_bytes(self) -> int:
@@ -379,8 +323,7 @@ class GGUFModelFile:
         if t.type_name not in supported:
             raise G906Error(f"{t.path}: tensor {t.name} has type {t.type_name}, which g906 does not support",
                             hint="supported types: " + ", ".join(supported))
-        rt = self._readers[t.reader_index].tensors[t.tensor_index]
-        arr = rt.data
+        arr = self._files[t.file_index].tensor_data(t.info)
         if t.type_name == "F32":
             return torch.from_numpy(arr.view(np.float32)).reshape(t.shape)
         if t.type_name == "F16":
@@ -407,7 +350,7 @@ class GGUFModelFile:
         with Step(label, total=self.tensor_bytes(), unit="bytes", count_noun="tensors", enabled=progress) as step:
             for name in self._tensors:
                 entry = self._tensors[name]
-                nbytes = int(self._readers[entry.reader_index].tensors[entry.tensor_index].n_bytes)
+                nbytes = entry.info.n_bytes
                 mapped = self.hf_name(name)
                 if mapped is None:
                     log.debug("%s: skipping tensor %s (not used by g906)", self.path, name)

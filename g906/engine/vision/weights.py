@@ -175,13 +175,13 @@ def _plain(v):
 
 
 def is_mmproj(path: str | Path) -> bool:
+    from g906.binfmt.gguf import GGUFFile
+
     try:
         with open(path, "rb") as f:
             if f.read(4) != b"GGUF":
                 return False
-        from gguf import GGUFReader
-
-        field = GGUFReader(str(path)).fields.get("general.architecture")
-        return field is not None and field.contents() == "clip"
+        with GGUFFile(path) as f:
+            return f.architecture == "clip"
     except Exception:  # noqa: BLE001 - a damaged file is simply not a projector
         return False
