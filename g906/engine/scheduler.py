@@ -113,7 +113,7 @@ class Scheduler:
         """Admission's test: a place, a state slot, a first chunk (after the cached prefix)
         within the token budget, and KV blocks for every token the cache does not hold.
         The cached prefix to start from, or None when the sequence cannot be admitted."""
-        if len(self.running) >= self.config.max_num_seqs or self.cache.slots.num_free == 0:
+        if not self._has_place(seq):
             return None
         # a request scoring its prompt (prompt_logprobs) must compute every prompt position
         reuse = self.prefix is not None and seq.params.prompt_logprobs is None
@@ -124,6 +124,18 @@ class Scheduler:
         need = blocks.num_new_blocks(seq, seq.num_tokens) - len(hit.blocks)
         free = blocks.num_free_blocks - (self.prefix.num_parked(hit.blocks) if hit.blocks else 0)
         return hit if need <= free else None
+
+    def _has_place(self, seq: Sequence) -> bool:
+        """A place under max_num_seqs and a state slot. Beam search (g906/engine/beam.py): the
+        first beam of a group needs the group's width in both (the rest are set aside for its
+        later beams, which then take those)."""
+        group = seq.beam
+        if group is not None and group.started:
+            return seq.state_slot is not None or bool(group.spare_slots)
+        need = 1 if group is None else group.width
+        slots = self.cache.slots
+        return (len(self.running) + slots.num_reserved + need <= self.config.max_num_seqs
+                and slots.num_free >= need)
 
     def can_admit(self) -> bool:
         """Whether the next schedule() would admit the first waiting sequence (without its effects)."""
@@ -158,8 +170,8 @@ class Scheduler:
         seqs: list[Sequence] = []
         chunks: list[int] = []
         for seq in self.running:
-            if seq.is_decode:
-                continue
+            if seq.is_decode or seq.num_uncached_tokens == 0:
+                continue      # (a beam waiting for its group's next tokens: g906/engine/beam.py)
             n = self._chunk(seq)
             if n > budget:
                 continue
@@ -172,7 +184,7 @@ class Scheduler:
             if hit is None:
                 break
             seq = self.waiting.popleft()
-            self.cache.slots.acquire(seq)
+            self.cache.acquire_slot(seq)
             if self.prefix is not None:
                 restores += self.prefix.admit(seq, hit)
             self.cache.blocks.cover(seq, seq.num_tokens)
