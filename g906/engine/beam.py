@@ -11,7 +11,7 @@ recurrent state is its own. A beam chosen by nobody is freed. When the beams rea
 (or the context), when none is left, or with early_stopping once n hypotheses have finished,
 the n best hypotheses by score = cum_logprob / length ** length_penalty (length: prompt and
 output tokens, a final stop token not counted, as vLLM) are the request's n outputs, each one
-whole, finished StepOutput.
+whole, finished StepOutput (its fields: the engine builds it).
 
 Resources: the group's first beam is admitted only with n places and n state slots free (the
 n - 1 others are set aside for its later beams), so a group never waits for another's. A fork
@@ -125,9 +125,9 @@ class BeamSearch:
         """A beam's logprobs of this step."""
         seq.beam.pending[seq.seq_id] = lp
 
-    def advance_ready(self) -> list:
+    def advance_ready(self) -> list[dict]:
         """Advance every group whose live beams all have this round's logprobs; the outputs of
-        the groups that finished."""
+        the groups that finished (StepOutput fields)."""
         outs: list = []
         for group in list(self.groups.values()):
             if group.beams and all(b.seq_id in group.pending for b in group.beams):
@@ -272,9 +272,8 @@ class BeamSearch:
             ids = ids[:-1]                    # a stop token's text is not part of the output
         return self.engine.tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens)
 
-    def _finish(self, group: BeamGroup) -> list:
-        from g906.engine.llm_engine import StepOutput
-
+    def _finish(self, group: BeamGroup) -> list[dict]:
+        """The n outputs, as the fields of the engine's StepOutputs."""
         self._close(group)
         p = group.params
         plen = group.root.num_prompt_tokens
@@ -282,7 +281,7 @@ class BeamSearch:
         outs = []
         for i, rid in enumerate(group.output_ids):
             h = best[i] if i < len(best) else Hypothesis([], 0.0, [], "length")
-            outs.append(StepOutput(
+            outs.append(dict(
                 request_id=rid, new_token_ids=list(h.token_ids), new_text=self._text(group, h),
                 new_logprobs=list(h.logprobs) if p.logprobs is not None else [],
                 finished=True, finish_reason=h.finish_reason, stop_reason=h.stop_reason,

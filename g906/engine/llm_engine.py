@@ -401,7 +401,7 @@ class LLMEngine:
             self.num_generation_tokens += 1
             outputs.append(self._process(req, token, lp, upto))
         if self.beams.groups:
-            outputs += self.beams.advance_ready()
+            outputs += [StepOutput(**o) for o in self.beams.advance_ready()]
         self._settle(batch)
         return outputs
 

@@ -146,7 +146,25 @@ class Scheduler:
         batch = self._schedule_prefill()
         if batch is not None:
             return batch
-        return self._schedule_decode()
+        batch = self._schedule_decode()
+        if batch is None and self.waiting and self._make_room():
+            batch = self._schedule_prefill()
+        return batch
+
+    def _make_room(self) -> bool:
+        """Nothing can run, and beams that already have this round's logprobs hold the cache
+        while they wait for the rest of their group (g906/engine/beam.py), which may be waiting
+        for that very cache: preempt them (newest first) until the first waiting sequence fits.
+        They are prefilled again after it."""
+        idle = [s for s in self.running if s.beam is not None and s.num_uncached_tokens == 0]
+        done = False
+        while idle and not self.can_admit():
+            seq = idle.pop()
+            self._preempt(seq)
+            self.waiting.remove(seq)      # behind the one it makes room for: its logprobs are
+            self.waiting.append(seq)      # kept, it is not needed before the group chooses
+            done = True
+        return done
 
     def _chunk(self, seq: Sequence, start: int | None = None) -> int:
         start = seq.num_cached_tokens if start is None else start
