@@ -219,7 +219,8 @@ def test_abort_frees_every_beam(loaded):
 
 
 def test_width_one_is_greedy_and_the_offline_api(loaded):
-    from g906.engine.llm import LLM, BeamSearchParams
+    from g906 import BeamSearchParams
+    from g906.engine.llm import LLM
 
     eng = engine(loaded)
     greedy = run(eng, {"g": (PROMPT, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))})
