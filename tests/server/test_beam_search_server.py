@@ -147,3 +147,20 @@ def test_disconnect_mid_beam_search_frees_everything(server):
             before = server.metrics()
             assert before["g906:num_requests_running"] == 4 and before["g906:kv_cache_blocks_used"] > 0
     assert_nothing_held(server)
+
+
+def test_completions_batch_of_prompts_with_logprobs(client, server, offline):
+    from g906.engine.sampling_params import SamplingParams
+
+    prompts = [[5, 17, 33, 2], [99, 100, 7, 250, 3]]
+    got = client.completions.create(model="tiny", prompt=prompts, n=2, max_tokens=5, logprobs=2, extra_body=BEAM)
+    assert [c.index for c in got.choices] == [0, 1, 2, 3]
+    want = offline.generate(prompts, SamplingParams(n=2, use_beam_search=True, max_tokens=5, ignore_eos=True,
+                                                    temperature=0.0))
+    assert [c.token_ids for c in got.choices] == [o.token_ids for w in want for o in w.outputs]
+    for c, o in zip(got.choices, [o for w in want for o in w.outputs]):
+        assert sum(c.logprobs.token_logprobs) == pytest.approx(o.cumulative_logprob, abs=1e-3)
+        # the token and the top 2 (fewer where two tokens have the same text)
+        for t, lp in zip(c.logprobs.top_logprobs, c.logprobs.token_logprobs):
+            assert 1 <= len(t) <= 3 and max(t.values()) >= lp - 1e-6
+    assert_nothing_held(server)
