@@ -180,6 +180,10 @@ class BeamSearch:
         for seq in list(group.beams):
             if seq.seq_id not in kids:
                 self._drop(group, seq)            # first, so that forks can have its blocks and slot
+            elif seq.status is SequenceStatus.RUNNING and seq.num_uncached_tokens:
+                # preempted after its logprobs came, and part-way through its new prefill: it
+                # starts again from the queue, with its children (its cache is not at its end)
+                eng.scheduler.preempt(seq)
         states: list[tuple[int, int]] = []
         blocks: list[tuple[int, int]] = []
         beams: list[Sequence] = []
@@ -254,9 +258,18 @@ class BeamSearch:
                           reason, stop)
 
     def _stop_string(self, group: BeamGroup, seq: Sequence, tok: int) -> tuple[str, str] | None:
-        """(the text up to the stop string, the stop string) when appending tok completes one."""
+        """(the text up to the stop string, the stop string) when appending tok completes one.
+        Only the output's tail is decoded first: no stop string was in the text before tok."""
         p = group.params
-        text = self.engine.tokenizer.decode(seq.output_token_ids + [tok], skip_special_tokens=p.skip_special_tokens)
+        ids = seq.output_token_ids + [tok]
+        decode = self.engine.tokenizer.decode
+        longest = max(len(s) for s in p.stop)
+        window = longest + 8
+        tail = decode(ids[-window:], skip_special_tokens=p.skip_special_tokens)
+        if len(ids) <= window or len(tail) > longest:
+            if not any(s in tail for s in p.stop):
+                return None
+        text = decode(ids, skip_special_tokens=p.skip_special_tokens)
         hits = [(text.find(s), s) for s in p.stop if s in text]
         if not hits:
             return None

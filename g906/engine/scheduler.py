@@ -101,6 +101,11 @@ class Scheduler:
     def abort(self, seq: Sequence) -> None:
         self.finish(seq, "abort")
 
+    def preempt(self, seq: Sequence) -> None:
+        """Send a running sequence back to the front of the queue, its cache freed (it is
+        prefilled again)."""
+        self._preempt(seq)
+
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.cache.free(seq)
