@@ -21,6 +21,7 @@ beams depend on this step's logprobs."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from g906.engine.block_manager import OutOfBlocks
@@ -41,7 +42,13 @@ class Hypothesis:
 
     def score(self, prompt_len: int, length_penalty: float) -> float:
         n = prompt_len + len(self.token_ids) - (1 if isinstance(self.stop_reason, int) else 0)
-        return self.cum_logprob / (max(n, 1) ** length_penalty)
+        try:
+            norm = float(max(n, 1)) ** length_penalty
+        except OverflowError:                 # a huge length_penalty: the score tends to 0
+            norm = math.inf
+        if norm == 0.0:                       # a hugely negative one: to -inf
+            return -math.inf if self.cum_logprob < 0 else 0.0
+        return self.cum_logprob / norm
 
 
 @dataclass

@@ -5,6 +5,7 @@ request body onto them one to one. A bad value raises ValueError naming the fiel
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from g906.engine.structured.params import StructuredOutputsParams
@@ -125,8 +126,9 @@ class SamplingParams:
         if not self.greedy:
             raise bad("temperature", "must be 0 or unset with beam search (g906's beam search is deterministic), "
                                      f"got {self.temperature}")
-        if not isinstance(self.length_penalty, (int, float)) or self.length_penalty != self.length_penalty:
-            raise bad("length_penalty", f"must be a number, got {self.length_penalty!r}")
+        if (isinstance(self.length_penalty, bool) or not isinstance(self.length_penalty, (int, float))
+                or not math.isfinite(self.length_penalty)):
+            raise bad("length_penalty", f"must be a finite number, got {self.length_penalty!r}")
         refused = [
             ("top_p", self.top_p != 1.0), ("top_k", self.top_k != 0), ("min_p", self.min_p != 0.0),
             ("presence_penalty", self.presence_penalty != 0.0), ("frequency_penalty", self.frequency_penalty != 0.0),

@@ -250,6 +250,19 @@ def test_options_beam_search_cannot_honour_are_refused_by_name(kw, param):
     assert e.value.param == param and param in str(e.value)
 
 
+@pytest.mark.parametrize("lp", [1e308, -1e308])
+def test_extreme_length_penalties_still_rank(loaded, lp):
+    """len ** length_penalty beyond floats: scores tend to 0 (or -inf); the search still ends."""
+    n = 2
+    stops = _stop_ids(loaded, PROMPT, n)
+    eng = engine(loaded)
+    outs = run(eng, {"b": (PROMPT, beam(n, 7, stop_token_ids=stops, length_penalty=lp))})
+    assert len(beams_of(outs, "b", n)) == n
+    assert_no_leaks(eng)
+    with pytest.raises(ValueError, match="length_penalty"):
+        beam(2, 4, length_penalty=float("nan"))
+
+
 def test_width_above_max_num_seqs_is_refused(loaded):
     eng = engine(loaded, max_num_seqs=2)
     with pytest.raises(ValueError, match="max_num_seqs") as e:
