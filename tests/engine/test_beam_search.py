@@ -218,23 +218,33 @@ def test_abort_frees_every_beam(loaded):
     assert_no_leaks(eng)
 
 
-def test_width_one_is_greedy_and_the_offline_api(loaded):
-    from g906 import BeamSearchParams
-    from g906.engine.llm import LLM
-
+def test_width_one_is_greedy(loaded):
     eng = engine(loaded)
     greedy = run(eng, {"g": (PROMPT, SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))})
     one = run(eng, {"b": (PROMPT, beam(1, 6, ignore_eos=True))})
     assert one["b"].new_token_ids == greedy["g"].new_token_ids
-    llm = LLM.__new__(LLM)                     # the offline API over this engine
-    llm.engine, llm._counter = eng, 0
-    llm.prompts = type("P", (), {"build": staticmethod(lambda p, kw=None: (None, list(p)))})()
-    (res,) = llm.beam_search([PROMPT], BeamSearchParams(beam_width=3, max_tokens=5, ignore_eos=True))
-    (gen,) = llm.generate([PROMPT], beam(3, 5, ignore_eos=True))
-    assert [s.tokens[len(PROMPT):] for s in res.sequences] == [c.token_ids for c in gen.outputs]
-    assert [s.cum_logprob for s in res.sequences] == [c.cumulative_logprob for c in gen.outputs]
-    assert all(s.tokens[: len(PROMPT)] == PROMPT for s in res.sequences)
     assert_no_leaks(eng)
+
+
+def test_the_offline_api():
+    from g906 import LLM, BeamSearchParams
+    from g906.errors import G906Error
+
+    with LLM("builtin:tiny-qwen35", dtype="float32", max_num_seqs=8) as llm:
+        res = llm.beam_search([PROMPT, "Hello there"], BeamSearchParams(beam_width=3, max_tokens=5, ignore_eos=True))
+        gen = llm.generate([PROMPT, "Hello there"], beam(3, 5, ignore_eos=True))
+        for r, g in zip(res, gen):
+            assert [s.tokens[len(g.prompt_token_ids):] for s in r.sequences] == [c.token_ids for c in g.outputs]
+            assert [s.cum_logprob for s in r.sequences] == [c.cumulative_logprob for c in g.outputs]
+            assert [s.text for s in r.sequences] == [c.text for c in g.outputs]
+            assert all(s.tokens[: len(g.prompt_token_ids)] == g.prompt_token_ids for s in r.sequences)
+            assert sorted((c.cumulative_logprob for c in g.outputs), reverse=True) == [c.cumulative_logprob
+                                                                                      for c in g.outputs]
+        with pytest.raises(G906Error, match="temperature"):
+            llm.beam_search([PROMPT], BeamSearchParams(beam_width=2, max_tokens=3, temperature=0.5))
+        with pytest.raises(G906Error, match="max_num_seqs"):
+            llm.generate([PROMPT], beam(9, 3))
+        assert_no_leaks(llm.engine)
 
 
 @pytest.mark.parametrize("kw,param", [
