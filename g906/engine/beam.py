@@ -174,6 +174,9 @@ class BeamSearch:
         if at_limit:
             group.done += [self._hypothesis(group, s, t, e, c, "length", None) for c, s, t, e in chosen]
             chosen = []
+        # a finished hypothesis's score is final: those below the width best can never be chosen
+        plen = group.root.num_prompt_tokens
+        group.done = sorted(group.done, key=lambda h: h.score(plen, p.length_penalty), reverse=True)[:width]
         if not chosen or (p.early_stopping and len(group.done) >= width):
             return self._finish(group)
         self._fork_round(group, chosen)
