@@ -278,3 +278,34 @@ def test_width_above_max_num_seqs_is_refused(loaded):
     with pytest.raises(ValueError, match="max_num_seqs") as e:
         eng.check_params(beam(3, 4))
     assert e.value.param == "n"
+
+
+def test_a_beam_part_way_through_a_new_prefill_when_its_group_chooses(loaded, monkeypatch):
+    """A beam whose logprobs came before it was preempted, and that is being prefilled again when
+    its group chooses, goes back to the queue with its children: same beams as undisturbed."""
+    from g906.engine.beam import BeamSearch
+    from g906.engine.sequence import SequenceStatus
+
+    n, T = 3, 8
+    want = run(engine(loaded), {"b": (PROMPT, beam(n, T, ignore_eos=True))})
+    eng = engine(loaded)
+    eng.add_request("b", PROMPT, beam(n, T, ignore_eos=True))
+    group = eng.beams.groups["b"]
+    while len(group.beams) < n:
+        eng.step()
+    held = []
+    monkeypatch.setattr(BeamSearch, "advance_ready", lambda self: held.append(1) or [])
+    eng.step()                                  # every beam has its logprobs; the choice is held back
+    monkeypatch.undo()
+    victim = group.beams[1]
+    assert held and all(b.seq_id in group.pending for b in group.beams)
+    assert victim.status is SequenceStatus.RUNNING and victim.num_uncached_tokens == 0
+    victim.num_cached_tokens -= 2               # as if its new prefill had not reached its end
+    assert eng.beams.advance_ready() == []
+    assert victim.status is SequenceStatus.WAITING and eng.scheduler.num_preemptions == 1
+    outs = {}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            outs[o.request_id] = o
+    assert [o.new_token_ids for o in beams_of(outs, "b", n)] == [o.new_token_ids for o in beams_of(want, "b", n)]
+    assert_no_leaks(eng)
