@@ -108,7 +108,7 @@ class BeamSearch:
         if len(output_ids) != params.n:
             raise ValueError(f"{len(output_ids)} output ids for a beam width of {params.n}")
         for rid in [request_id, *output_ids]:
-            if rid in self._owner or rid in self.groups or rid in self.engine._requests:
+            if self.owns(rid) or rid in self.engine._requests:
                 raise ValueError(f"request id {rid!r} is already running")
         seq = Sequence(request_id, [int(t) for t in prompt_token_ids], beam_params(params))
         seq.mm = mm
@@ -120,6 +120,10 @@ class BeamSearch:
         for rid in output_ids:
             self._owner[rid] = request_id
         self.engine.scheduler.add(seq)
+
+    def owns(self, request_id: str) -> bool:
+        """Whether request_id names a beam group or one of its outputs."""
+        return request_id in self.groups or request_id in self._owner
 
     def abort(self, request_id: str) -> bool:
         group = self.groups.get(self._owner.get(request_id, request_id))

@@ -246,7 +246,7 @@ class LLMEngine:
         """mm: the prompt's images (MultimodalInputs from VisionRuntime.expand), encoded here once.
         With use_beam_search, the n outputs come back under output_ids (by default the request
         id when n is 1, else "<request id>:<index>")."""
-        if request_id in self._requests or request_id in self.beams.groups:
+        if request_id in self._requests or self.beams.owns(request_id):
             raise ValueError(f"request id {request_id!r} is already running")
         if params.use_beam_search:
             self.check_prompt(prompt_token_ids)

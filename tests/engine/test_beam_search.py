@@ -213,6 +213,9 @@ def test_abort_frees_every_beam(loaded):
     for _ in range(4):
         eng.step()
     assert eng.stats()["state_slots_used"] == 4 and eng.stats()["kv_blocks_used"] > 0
+    for taken in ("b", "b:1"):
+        with pytest.raises(ValueError, match="already running"):
+            eng.add_request(taken, PROMPT, SamplingParams(max_tokens=2))
     assert eng.abort_request("b:2")           # any output's id aborts the group
     assert not eng.has_unfinished_requests() and not eng.abort_request("b")
     assert_no_leaks(eng)
