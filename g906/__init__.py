@@ -6,7 +6,7 @@ The offline API (`LLM`, `SamplingParams`) is imported lazily so that
 
 from g906.version import __version__
 
-__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "__version__"]
+__all__ = ["BeamSearchParams", "LLM", "SamplingParams", "StructuredOutputsParams", "__version__"]
 
 
 def __getattr__(name: str):
@@ -14,6 +14,10 @@ def __getattr__(name: str):
         from g906.engine.llm import LLM
 
         return LLM
+    if name == "BeamSearchParams":
+        from g906.engine.llm import BeamSearchParams
+
+        return BeamSearchParams
     if name == "SamplingParams":
         from g906.engine.sampling_params import SamplingParams
 

@@ -138,6 +138,9 @@ class AsyncEngine:
             self._streams[rid] = _Stream(loop, queue, i)
         self._pending += n
         stream = RequestStream(self, ids, queue)
+        if params.use_beam_search:      # one beam group whose n outputs come back under the n ids
+            self._post(("beam", request_id, list(prompt_token_ids), params, mm, ids))
+            return stream
         for i, rid in enumerate(ids):
             self._post(("add", rid, list(prompt_token_ids), params if n == 1 else params.for_child(i), mm))
         return stream
@@ -176,6 +179,14 @@ class AsyncEngine:
                                 eng.add_request(rid, ids, params, mm=mm)
                         except Exception as exc:  # noqa: BLE001 - goes back to the caller
                             self._deliver(rid, exc)
+                    elif cmd[0] == "beam":
+                        _, rid, ids, params, mm, outs = cmd
+                        if any(o not in self._streams for o in outs):
+                            continue  # aborted before it was added
+                        try:
+                            eng.add_request(rid, ids, params, mm=mm, output_ids=outs)
+                        except Exception as exc:  # noqa: BLE001 - goes back to the caller
+                            self._deliver(outs[0], exc)
                     else:
                         eng.abort_request(cmd[1])
                 if eng.has_unfinished_requests():

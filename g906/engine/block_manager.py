@@ -95,6 +95,25 @@ class BlockManager:
                     self._free.append(b)
         seq.block_table = []
 
+    def fork(self, parent: Sequence, child: Sequence) -> tuple[int, int] | None:
+        """Give child (a beam forked from parent, holding no blocks) parent's blocks: the full
+        ones shared (one more reference each), the partly filled last one copied, since both
+        will write their next tokens into it. The (source, destination) block whose KV the
+        caller must copy, or None; OutOfBlocks (nothing changed) when no block is free for it."""
+        full = parent.num_cached_tokens // self.block_size
+        partial = parent.num_cached_tokens % self.block_size != 0
+        if partial and self.num_free_blocks < 1:
+            raise OutOfBlocks(f"{parent.request_id}: no free block for a forked beam")
+        shared = parent.block_table[:full]
+        for b in shared:
+            self.ref_counts[b] += 1
+        child.block_table = list(shared)
+        if not partial:
+            return None
+        dst = self._take()
+        child.block_table.append(dst)
+        return parent.block_table[full], dst
+
     def free_block(self, block: int) -> None:
         """Return a block nobody holds to the free list (the prefix cache dropping it)."""
         assert self.ref_counts[block] == 0, f"block {block} is held"
@@ -114,6 +133,7 @@ class StateSlotPool:
         self.num_slots = num_slots
         self._free: deque[int] = deque(range(num_slots))
         self._used: set[int] = set()
+        self._reserved = 0
 
     @property
     def num_free(self) -> int:
@@ -133,6 +153,27 @@ class StateSlotPool:
         seq.state_slot = slot
         return slot
 
+    @property
+    def num_reserved(self) -> int:
+        """Slots set aside for beams not forked yet (g906/engine/beam.py)."""
+        return self._reserved
+
+    def reserve(self, n: int) -> list[int]:
+        """Take n slots out of the pool for a beam group (its later beams); OutOfBlocks if fewer are free."""
+        if n > len(self._free):
+            raise OutOfBlocks(f"{n} linear-attention state slots wanted, {len(self._free)} free")
+        out = [self._free.popleft() for _ in range(n)]
+        self._used.update(out)
+        self._reserved += n
+        return out
+
+    def unreserve(self, slots: list[int]) -> None:
+        """Give a beam group's unused reserved slots back to the pool."""
+        for slot in slots:
+            self._used.remove(slot)
+            self._free.append(slot)
+        self._reserved -= len(slots)
+
     def release(self, seq: Sequence) -> None:
         slot = seq.state_slot
         if slot is None:
@@ -149,8 +190,30 @@ class CacheManager:
         self.blocks = BlockManager(num_blocks, block_size)
         self.slots = StateSlotPool(num_state_slots)
 
+    def acquire_slot(self, seq: Sequence) -> None:
+        """A state slot for an admitted sequence. The first beam of a beam group also reserves
+        a slot for each later beam; a later beam takes one of those (so a group always has its
+        width in slots and cannot wait for another group's)."""
+        group = seq.beam
+        if group is None:
+            self.slots.acquire(seq)
+        elif group.started:
+            if seq.state_slot is None:
+                seq.state_slot = group.spare_slots.pop()
+                self.slots._reserved -= 1
+        else:
+            self.slots.acquire(seq)
+            group.spare_slots = self.slots.reserve(group.width - 1)
+            group.started = True
+
     def free(self, seq: Sequence) -> None:
         self.blocks.release(seq)
-        self.slots.release(seq)
+        group = seq.beam
+        if group is not None and group.started and seq.state_slot is not None and not group.closed:
+            group.spare_slots.append(seq.state_slot)     # the group's until it ends
+            self.slots._reserved += 1
+            seq.state_slot = None
+        else:
+            self.slots.release(seq)
         seq.num_cached_tokens = 0
         seq.num_registered_blocks = 0

@@ -104,3 +104,12 @@ class ModelCache:
         d = torch.as_tensor(dst, dtype=torch.long).to(self.device, non_blocking=True)
         self.conv.index_copy_(1, d, self.conv.index_select(1, s))
         self.ssm.index_copy_(1, d, self.ssm.index_select(1, s))
+
+    def copy_blocks(self, src, dst) -> None:
+        """Copy the full-attention KV of blocks src[i] to blocks dst[i] (a forked beam's own copy
+        of its parent's partly filled last block, g906/engine/beam.py)."""
+        if not len(src):
+            return
+        s = torch.as_tensor(src, dtype=torch.long).to(self.device, non_blocking=True)
+        d = torch.as_tensor(dst, dtype=torch.long).to(self.device, non_blocking=True)
+        self.kv.index_copy_(2, d, self.kv.index_select(2, s))

@@ -42,6 +42,7 @@ class CompletionOutput:
     finish_reason: str | None
     stop_reason: str | int | None = None
     logprobs: list[Logprob] | None = None
+    cumulative_logprob: float | None = None     # beam search outputs
 
 
 @dataclass
@@ -51,6 +52,37 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool = True
+
+
+@dataclass
+class BeamSearchParams:
+    """vLLM's LLM.beam_search parameters (SamplingParams(use_beam_search=True, n=beam_width, ...)
+    is the same search through generate())."""
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams(n=self.beam_width, max_tokens=self.max_tokens, ignore_eos=self.ignore_eos,
+                              temperature=self.temperature, length_penalty=self.length_penalty,
+                              include_stop_str_in_output=self.include_stop_str_in_output, use_beam_search=True)
+
+
+@dataclass
+class BeamSearchSequence:
+    tokens: list[int]                 # the prompt's and the output's, as vLLM
+    cum_logprob: float
+    text: str
+    finish_reason: str | None
+    stop_reason: str | int | None = None
+
+
+@dataclass
+class BeamSearchOutput:
+    sequences: list[BeamSearchSequence]
 
 
 class PromptBuilder:
@@ -239,9 +271,10 @@ class LLM:
             if len(params) != len(prompts):
                 raise G906Error(f"{len(params)} sampling params for {len(prompts)} prompts")
         built = [self.prompts.build(p, chat_template_kwargs) for p in prompts]
-        for _, ids in built:
+        for (_, ids), p in zip(built, params):
             try:
                 self.engine.check_prompt(ids)
+                self.engine.check_params(p)
             except ValueError as exc:
                 raise G906Error(str(exc)) from None
         results: list[RequestOutput] = []
@@ -251,12 +284,15 @@ class LLM:
             self._counter += 1
             outs = []
             for i in range(p.n):
-                child = p if p.n == 1 else p.for_child(i)
+                child = p if p.n == 1 or p.use_beam_search else p.for_child(i)
                 crid = f"{rid}:{i}"
                 co = CompletionOutput(i, "", [], None, logprobs=[] if p.logprobs is not None else None)
                 outs.append(co)
                 pending[crid] = (co, child)
-                self.engine.add_request(crid, ids, child)
+                if not p.use_beam_search:
+                    self.engine.add_request(crid, ids, child)
+            if p.use_beam_search:     # one beam group; its n outputs come back under the n ids
+                self.engine.add_request(rid, ids, p, output_ids=[f"{rid}:{i}" for i in range(p.n)])
             results.append(RequestOutput(rid, text, ids, outs))
         bar = None
         if use_tqdm:
@@ -271,7 +307,7 @@ class LLM:
                         bar.update(1)
         except BaseException:
             for crid in pending:
-                self.engine.abort_request(crid)
+                self.engine.abort_request(crid)     # (a beam group's: any of its output ids)
             raise
         finally:
             if bar is not None:
@@ -286,6 +322,20 @@ class LLM:
         if out.finished:
             co.finish_reason = out.finish_reason
             co.stop_reason = out.stop_reason
+            co.cumulative_logprob = out.cumulative_logprob
+
+    def beam_search(self, prompts, params: BeamSearchParams, *, use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """vLLM's LLM.beam_search: per prompt, the beam_width best sequences, best first."""
+        if _single_prompt(prompts):
+            prompts = [prompts]
+        try:
+            sp = params.sampling_params()
+        except ValueError as exc:
+            raise G906Error(f"beam search: {exc}") from None
+        outs = self.generate(list(prompts), sp, use_tqdm=use_tqdm)
+        return [BeamSearchOutput([BeamSearchSequence(list(o.prompt_token_ids) + c.token_ids, c.cumulative_logprob,
+                                                     c.text, c.finish_reason, c.stop_reason) for c in o.outputs])
+                for o in outs]
 
     def chat(self, messages, sampling_params: SamplingParams | Seq[SamplingParams] | None = None, *,
              tools: Seq[dict] | None = None, chat_template_kwargs: dict | None = None,

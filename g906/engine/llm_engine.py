@@ -14,7 +14,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from g906.engine.beam import BeamSearch
 from g906.engine.block_manager import CacheManager
+from g906.engine.detokenizer import IncrementalDecoder, make_detokenizer
 from g906.engine.model_runner import DEFAULT_PREFILL_GRAPH_TOKENS, ModelRunner, PendingStep
 from g906.engine.sampler import TokenLogprobs
 from g906.engine.sampling_params import SamplingParams
@@ -77,46 +79,7 @@ class StepOutput:
     # with the first token of a request that asked: None (the first prompt token), then the
     # TokenLogprobs of each later prompt token
     prompt_logprobs: list | None = None
-
-
-class IncrementalDecoder:
-    """Fallback incremental detokenizer for tokenizers without one: text of the generated
-    tokens, one token at a time, never ending in a broken UTF-8 character."""
-
-    def __init__(self, tokenizer, skip_special_tokens: bool = True):
-        self.tok = tokenizer
-        self.skip = skip_special_tokens
-        self.ids: list[int] = []
-        self.emitted = 0
-
-    def _decode(self) -> str:
-        return self.tok.decode(self.ids, skip_special_tokens=self.skip)
-
-    def add(self, token_id: int) -> str:
-        self.ids.append(int(token_id))
-        full = self._decode()
-        end = len(full)
-        while end > self.emitted and full[end - 1] == "\ufffd":
-            end -= 1
-        out = full[self.emitted:end]
-        self.emitted = max(self.emitted, end)
-        return out
-
-    def finish(self) -> str:
-        full = self._decode()
-        out = full[self.emitted:]
-        self.emitted = len(full)
-        return out
-
-
-def make_detokenizer(tokenizer, skip_special_tokens: bool = True):
-    try:
-        from g906.engine.tokenizer import IncrementalDetokenizer, Tokenizer
-    except ImportError:  # pragma: no cover
-        return IncrementalDecoder(tokenizer, skip_special_tokens)
-    if isinstance(tokenizer, Tokenizer):
-        return IncrementalDetokenizer(tokenizer, skip_special_tokens=skip_special_tokens)
-    return IncrementalDecoder(tokenizer, skip_special_tokens)
+    cumulative_logprob: float | None = None  # a beam search output's (g906/engine/beam.py)
 
 
 class _Request:
@@ -198,6 +161,7 @@ class LLMEngine:
             eos |= set(tok_eos)
         self.eos_token_ids = frozenset(int(t) for t in eos)
         self._requests: dict[str, _Request] = {}
+        self.beams = BeamSearch(self)                 # use_beam_search requests (g906/engine/beam.py)
         self.num_prompt_tokens = 0
         self.num_generation_tokens = 0
         self.num_steps = 0
@@ -265,6 +229,8 @@ class LLMEngine:
         model cannot follow; no side effects beyond caching the compiled grammar."""
         if params.structured_outputs is not None:
             self.grammars.compile(params.structured_outputs)
+        if params.use_beam_search:
+            self.beams.check(params)
 
     def _guide(self, params: SamplingParams):
         from g906.engine.structured.guide import Guide
@@ -273,19 +239,23 @@ class LLMEngine:
         after = self.grammars.encode(spec.after) if spec.after else None
         return Guide(self.grammars.matcher(spec), after, sorted(self.eos_token_ids))
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, mm=None) -> None:
-        """mm: the prompt's images (MultimodalInputs from VisionRuntime.expand), encoded here once."""
-        if request_id in self._requests:
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, mm=None,
+                    *, output_ids: list[str] | None = None) -> None:
+        """mm: the prompt's images (MultimodalInputs from VisionRuntime.expand), encoded here once.
+        With use_beam_search, the n outputs come back under output_ids (by default the request
+        id when n is 1, else "<request id>:<index>")."""
+        if request_id in self._requests or self.beams.owns(request_id):
             raise ValueError(f"request id {request_id!r} is already running")
+        if params.use_beam_search:
+            self.check_prompt(prompt_token_ids)
+            self._encode_images(prompt_token_ids, mm)
+            ids = output_ids or ([request_id] if params.n == 1 else [f"{request_id}:{i}" for i in range(params.n)])
+            self.beams.add(request_id, prompt_token_ids, params, mm, ids)
+            return
         if params.n != 1:
             raise ValueError("the engine runs n=1 requests; split n>1 into children with for_child()")
         self.check_prompt(prompt_token_ids)
-        if mm is not None:
-            if self.vision is None:
-                raise ValueError("this model does not take images")
-            if mm.prompt_len != len(prompt_token_ids):
-                raise ValueError("the images' placeholders do not match the prompt (expand it with the vision runtime)")
-            self.vision.encode(mm)
+        self._encode_images(prompt_token_ids, mm)
         seq = Sequence(request_id, [int(t) for t in prompt_token_ids], params)
         seq.mm = mm
         if params.structured_outputs is not None:
@@ -295,7 +265,18 @@ class LLMEngine:
         self._requests[request_id] = req
         self.scheduler.add(seq)
 
+    def _encode_images(self, prompt_token_ids: list[int], mm) -> None:
+        if mm is not None:
+            if self.vision is None:
+                raise ValueError("this model does not take images")
+            if mm.prompt_len != len(prompt_token_ids):
+                raise ValueError("the images' placeholders do not match the prompt (expand it with the vision runtime)")
+            self.vision.encode(mm)
+
     def abort_request(self, request_id: str) -> bool:
+        """Abort a request (or a beam search, by its id or any of its outputs' ids)."""
+        if self.beams.abort(request_id):
+            return True
         req = self._requests.pop(request_id, None)
         if req is None:
             return False
@@ -306,11 +287,11 @@ class LLMEngine:
         return True
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._requests)
+        return bool(self._requests or self.beams.groups)
 
     @property
     def num_requests(self) -> int:
-        return len(self._requests)
+        return len(self._requests) + len(self.beams.groups)
 
     # -- one step ----------------------------------------------------------------------------------
     @reported_as_g906_errors
@@ -351,7 +332,7 @@ class LLMEngine:
             return False
         for s in batch.seqs:
             p = s.params
-            if p.needs_history or s.guide is not None or s.num_tokens + 1 >= self.max_model_len:
+            if p.needs_history or s.guide is not None or s.beam is not None or s.num_tokens + 1 >= self.max_model_len:
                 return False      # (a constrained step's mask needs the token before it)
             if p.max_tokens is not None and s.num_output_tokens + 1 >= p.max_tokens:
                 return False
@@ -395,6 +376,11 @@ class LLMEngine:
             if launched.token_at is None:
                 seq.num_cached_tokens += n
             got = sampled.get(seq.seq_id)
+            if seq.beam is not None:          # its next token is the group's choice (g906/engine/beam.py)
+                if got is not None and not seq.is_finished:
+                    self.num_generation_tokens += 1
+                    self.beams.record(seq, got[1])
+                continue
             req = self._requests.get(seq.request_id)
             if got is None or seq.is_finished or req is None or req.seq is not seq:
                 continue
@@ -412,6 +398,8 @@ class LLMEngine:
                 req.first_token_at = now
             self.num_generation_tokens += 1
             outputs.append(self._process(req, token, lp, upto))
+        if self.beams.groups:
+            outputs += [StepOutput(**o) for o in self.beams.advance_ready()]
         self._settle(batch)
         return outputs
 

@@ -329,6 +329,15 @@ class ModelRunner:
         else:
             self.cache.copy_states(src, dst)
 
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy KV blocks (src, dst), on every tensor-parallel rank (forked beams)."""
+        src, dst = [p[0] for p in pairs], [p[1] for p in pairs]
+        mirror = getattr(self.model, "copy_blocks", None)
+        if callable(mirror):
+            mirror(src, dst)
+        else:
+            self.cache.copy_blocks(src, dst)
+
     def _launch(self, batch: ScheduledBatch, feed) -> "PendingStep":
         greedy = None
         if self.can_feed(batch):

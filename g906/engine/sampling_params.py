@@ -5,12 +5,14 @@ request body onto them one to one. A bad value raises ValueError naming the fiel
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 from g906.engine.structured.params import StructuredOutputsParams
 
 _GREEDY_EPS = 1e-5
 MAX_LOGPROBS = 20
+MAX_BEAM_WIDTH = MAX_LOGPROBS // 2      # each beam's 2 * width best continuations are logprobs
 
 
 @dataclass
@@ -41,6 +43,10 @@ class SamplingParams:
     think_start_ids: tuple[int, ...] = ()
     think_end_ids: tuple[int, ...] = ()
     think_open: bool = False             # the prompt left the thinking open
+    # beam search (g906/engine/beam.py): n is the beam width and the number of sequences returned
+    use_beam_search: bool = False
+    length_penalty: float = 1.0          # a finished beam's score: cum_logprob / len ** length_penalty
+    early_stopping: bool = False         # True: stop once n beams have finished
 
     def __post_init__(self) -> None:
         if self.stop is None:
@@ -107,6 +113,35 @@ class SamplingParams:
                 raise bad("stop_token_ids", "entries must be non-negative token ids")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise bad("structured_outputs", "must be a StructuredOutputsParams")
+        if self.use_beam_search:
+            self._check_beam(bad)
+
+    def _check_beam(self, bad) -> None:
+        """Beam search ranks continuations by the model's own log-probabilities: options that
+        reshape or randomise the distribution have no meaning there and are refused by name
+        (vLLM ignores them silently)."""
+        if self.n > MAX_BEAM_WIDTH:
+            raise bad("n", f"(the beam width) must be at most {MAX_BEAM_WIDTH} with beam search "
+                           f"(each beam ranks its {2 * MAX_BEAM_WIDTH} best continuations), got {self.n}")
+        if not self.greedy:
+            raise bad("temperature", "must be 0 or unset with beam search (g906's beam search is deterministic), "
+                                     f"got {self.temperature}")
+        if (isinstance(self.length_penalty, bool) or not isinstance(self.length_penalty, (int, float))
+                or not math.isfinite(self.length_penalty)):
+            raise bad("length_penalty", f"must be a finite number, got {self.length_penalty!r}")
+        refused = [
+            ("top_p", self.top_p != 1.0), ("top_k", self.top_k != 0), ("min_p", self.min_p != 0.0),
+            ("presence_penalty", self.presence_penalty != 0.0), ("frequency_penalty", self.frequency_penalty != 0.0),
+            ("repetition_penalty", self.repetition_penalty != 1.0), ("seed", self.seed is not None),
+            ("min_tokens", self.min_tokens != 0), ("logit_bias", bool(self.logit_bias)),
+            ("structured_outputs", self.structured_outputs is not None),
+            ("prompt_logprobs", self.prompt_logprobs is not None),
+            ("logprob_token_ids", bool(self.logprob_token_ids)),
+            ("thinking_token_budget", self.thinking_token_budget is not None),
+        ]
+        for name, used in refused:
+            if used:
+                raise bad(name, "is not available with beam search (use_beam_search)")
 
     @property
     def greedy(self) -> bool:

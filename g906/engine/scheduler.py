@@ -105,6 +105,11 @@ class Scheduler:
     def abort(self, seq: Sequence) -> None:
         self.finish(seq, "abort")
 
+    def preempt(self, seq: Sequence) -> None:
+        """Send a running sequence back to the front of the queue, its cache freed (it is
+        prefilled again)."""
+        self._preempt(seq)
+
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.cache.free(seq)
@@ -117,7 +122,7 @@ class Scheduler:
         """Admission's test: a place, a state slot, a first chunk (after the cached prefix)
         within the token budget, and KV blocks for every token the cache does not hold.
         The cached prefix to start from, or None when the sequence cannot be admitted."""
-        if len(self.running) >= self.config.max_num_seqs or self.cache.slots.num_free == 0:
+        if not self._has_place(seq):
             return None
         # a request scoring its prompt (prompt_logprobs) must compute every prompt position
         reuse = self.prefix is not None and seq.params.prompt_logprobs is None
@@ -145,6 +150,18 @@ class Scheduler:
                 return True
         return False
 
+    def _has_place(self, seq: Sequence) -> bool:
+        """A place under max_num_seqs and a state slot. Beam search (g906/engine/beam.py): the
+        first beam of a group needs the group's width in both (the rest are set aside for its
+        later beams, which then take those)."""
+        group = seq.beam
+        if group is not None and group.started:
+            return seq.state_slot is not None or bool(group.spare_slots)
+        need = 1 if group is None else group.width
+        slots = self.cache.slots
+        return (len(self.running) + slots.num_reserved + need <= self.config.max_num_seqs
+                and slots.num_free >= need)
+
     def can_admit(self) -> bool:
         """Whether the next schedule() would admit the first waiting sequence (without its effects)."""
         return bool(self.waiting) and self._admission(self.waiting[0], self.config.max_num_batched_tokens) is not None
@@ -154,7 +171,25 @@ class Scheduler:
         batch = self._schedule_prefill()
         if batch is not None:
             return batch
-        return self._schedule_decode()
+        batch = self._schedule_decode()
+        if batch is None and self.waiting and self._make_room():
+            batch = self._schedule_prefill()
+        return batch
+
+    def _make_room(self) -> bool:
+        """Nothing can run, and beams that already have this round's logprobs hold the cache
+        while they wait for the rest of their group (g906/engine/beam.py), which may be waiting
+        for that very cache: preempt them (newest first) until the first waiting sequence fits.
+        They are prefilled again after it."""
+        idle = [s for s in self.running if s.beam is not None and s.num_uncached_tokens == 0]
+        done = False
+        while idle and not self.can_admit():
+            seq = idle.pop()
+            self._preempt(seq)
+            self.waiting.remove(seq)      # behind the one it makes room for: its logprobs are
+            self.waiting.append(seq)      # kept, it is not needed before the group chooses
+            done = True
+        return done
 
     def _chunk(self, seq: Sequence, start: int | None = None) -> int:
         start = seq.num_cached_tokens if start is None else start
@@ -178,8 +213,8 @@ class Scheduler:
         seqs: list[Sequence] = []
         chunks: list[int] = []
         for seq in self.running:
-            if seq.is_decode:
-                continue
+            if seq.is_decode or seq.num_uncached_tokens == 0:
+                continue      # (a beam waiting for its group's next tokens: g906/engine/beam.py)
             n = self._chunk(seq)
             if n > budget:
                 continue
@@ -192,7 +227,7 @@ class Scheduler:
             if hit is None:
                 break
             seq = self.waiting.popleft()
-            self.cache.slots.acquire(seq)
+            self.cache.acquire_slot(seq)
             if self.prefix is not None:
                 restores += self.prefix.admit(seq, hit)
             self.cache.blocks.cover(seq, seq.num_tokens)

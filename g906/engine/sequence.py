@@ -34,6 +34,8 @@ class Sequence:
         # decode-time state snapshot, the prompt tokens the cache supplied at admission, and
         # the position where its prompt leaves the cached blocks of an earlier one
         "block_keys", "num_registered_blocks", "tail_key", "num_hit_tokens", "prefix_branch",
+        # the BeamGroup (g906/engine/beam.py) this sequence is a beam of, or None
+        "beam",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival: float = 0.0):
@@ -59,6 +61,7 @@ class Sequence:
         self.tail_key: bytes | None = None
         self.num_hit_tokens = 0
         self.prefix_branch = 0      # where its prompt leaves the cached blocks of another (0: none)
+        self.beam = None
         self.prompt_logprobs: list = []  # TokenLogprobs of prompt tokens 1.. (g906/engine/prompt_logprobs.py)
 
     def __len__(self) -> int:

@@ -53,6 +53,8 @@ async def generation_request(st: ServerState, req: P.ChatCompletionRequest, *,
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     constraint = chat_constraint(st, constraint, source, tools=tools, tool_choice=tool_choice, parallel=parallel,
                                  prompt_text=prompt_text)
+    if req.use_beam_search and constraint is not None:
+        X.check_beam_search(req, source or "tool_choice")
     max_tokens = req.max_completion_tokens or req.max_tokens
     if fit_max_tokens and max_tokens is not None and len(ids) < st.max_model_len:
         max_tokens = min(max_tokens, st.max_model_len - len(ids))

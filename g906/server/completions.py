@@ -27,6 +27,7 @@ async def completions(request: Request) -> Response:
     X.check_stream_fields(req)
     prompts = await _prompts(st, req)
     constraint, source = openai_constraint(req)
+    X.check_beam_search(req, source)
     check_compiles(st.engine.engine, constraint, source)
     bias = X.logit_bias(req, st.engine.engine.model_config.vocab_size)
     params = [openai_sampling_params(req, max_tokens=req.max_tokens, prompt_len=len(p.ids),

@@ -82,9 +82,14 @@ def openai_sampling_params(req: P._SamplingFields, *, max_tokens: int | None, pr
     max_tokens = max_tokens_in_context(max_tokens, prompt_len=prompt_len, max_model_len=max_model_len,
                                        prompt_param=prompt_param, default=default_max_tokens)
     stop = req.stop if req.stop is not None else []
+    temperature = req.temperature
+    if temperature is None:
+        temperature = 0.0 if req.use_beam_search else 1.0     # beam search ranks, it does not sample
+    beam = dict(use_beam_search=True, length_penalty=req.length_penalty,
+                early_stopping=req.early_stopping) if req.use_beam_search else {}
     try:
         return SamplingParams(
-            n=req.n, temperature=1.0 if req.temperature is None else req.temperature,
+            n=req.n, temperature=temperature,
             top_p=1.0 if req.top_p is None else req.top_p, top_k=req.top_k or 0,
             min_p=req.min_p or 0.0, seed=req.seed, presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty, repetition_penalty=req.repetition_penalty,
@@ -92,7 +97,7 @@ def openai_sampling_params(req: P._SamplingFields, *, max_tokens: int | None, pr
             stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos,
             include_stop_str_in_output=req.include_stop_str_in_output, logprobs=logprobs,
             skip_special_tokens=req.skip_special_tokens, structured_outputs=structured, logit_bias=logit_bias,
-            **(extra or {}),
+            **beam, **(extra or {}),
         )
     except ValueError as exc:
         raise bad_request(str(exc), param=getattr(exc, "param", None)) from None
@@ -111,7 +116,8 @@ def _admission():
         code = "server_shutting_down" if "shutting down" in str(exc) else "engine_unavailable"
         raise APIError(503, str(exc), code=code) from None
     except ValueError as exc:
-        raise bad_request(str(exc), code="context_length_exceeded" if "max_model_len" in str(exc) else None) from None
+        raise bad_request(str(exc), param=getattr(exc, "param", None),
+                          code="context_length_exceeded" if "max_model_len" in str(exc) else None) from None
 
 
 def admit(st: ServerState, greq: GenerationRequest) -> None:

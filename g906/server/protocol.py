@@ -135,6 +135,12 @@ class _SamplingFields(_Req):
                                                 "logprobs of these token ids (and the sampled one) at every step.")
     prompt_logprobs: int | None = Field(None, ge=-1, le=MAX_LOGPROBS,
                                         description="Top logprobs of each prompt token (-1: all; not streamed).")
+    use_beam_search: bool = Field(False, description="Beam search (vLLM): n is the beam width and the number "
+                                  "of sequences returned, best first.")
+    length_penalty: float = Field(1.0, description="Beam search: a sequence's score is its cumulative logprob / "
+                                  "(prompt + output tokens) ** length_penalty.")
+    early_stopping: bool = Field(False, description="Beam search: stop as soon as n sequences have ended "
+                                 "(false: go on to max_tokens, as vLLM).")
 
     @field_validator("stop")
     @classmethod

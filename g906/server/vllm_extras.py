@@ -1,5 +1,6 @@
 """vLLM's extensions of the OpenAI API, so that a client written for `vllm serve` works unchanged:
-logit_bias (validated here, applied by the engine's sampler), return_token_ids,
+logit_bias (validated here, applied by the engine's sampler), use_beam_search (its checks here; the
+search is the engine's, g906/engine/beam.py), return_token_ids,
 return_tokens_as_token_ids, truncate_prompt_tokens / truncation_side, include_reasoning, the
 stream_options rules and the reasoning-token count in usage. Field names, shapes and status codes
 are vLLM's (docs/server.md, "vLLM compatibility")."""
@@ -37,6 +38,14 @@ def check_stream_fields(req: P._SamplingFields) -> None:
         raise bad_request("stream_options can only be set when stream is true", param="stream_options")
     if req.prompt_logprobs is not None and req.stream:
         raise bad_request("prompt_logprobs are not available when stream is true", param="prompt_logprobs")
+
+
+def check_beam_search(req: P._SamplingFields, constraint_source: str | None) -> None:
+    """use_beam_search (vLLM): the constraint fields cannot steer it (400 naming the field that set
+    one). The sampling options it cannot honour are refused by SamplingParams, by name."""
+    if req.use_beam_search and constraint_source is not None:
+        raise bad_request(f"use_beam_search cannot be combined with structured outputs ({constraint_source}): "
+                          "beam search ranks the model's own continuations", param=constraint_source)
 
 
 def stream_options(req: P._SamplingFields) -> P.StreamOptions:

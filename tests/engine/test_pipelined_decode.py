@@ -160,3 +160,25 @@ def test_a_queue_of_waiting_requests_keeps_the_pipeline_running(tiny):
     want, got, eng = _both(tiny, script, max_num_seqs=2)
     assert got == want and all(len(got[f"r{i}"]) == 12 + 5 * i for i in range(5))
     assert eng.num_lookahead_steps > 30
+
+
+def test_beam_search_on_the_padded_decode_path_equals_the_plain_engine(tiny):
+    """Beams decode on the GPU's call site (padded batches, scratch block and slot) beside
+    pipelined requests: forks' block and state copies land in the padded cache; the beams, and
+    the other requests, equal the plain engine's."""
+    vocab = tiny.config.vocab_size
+
+    def script(k, eng):
+        if k == 0:
+            eng.add_request("g", _prompt(1, 5, vocab), SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+        if k == 3:
+            eng.add_request("b", _prompt(2, 11, vocab), SamplingParams(
+                n=3, use_beam_search=True, temperature=0, max_tokens=20, ignore_eos=True, logprobs=2))
+        if k == 30:
+            eng.add_request("h", _prompt(3, 7, vocab), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+
+    want, got, eng = _both(tiny, script, max_num_seqs=4, num_kv_blocks=32)
+    assert got == want
+    assert {f"b:{i}" for i in range(3)} <= set(got) and len({str(got[f"b:{i}"]) for i in range(3)}) == 3
+    assert eng.num_lookahead_steps > 0
+    assert eng.cache.blocks.num_used_blocks == 0 and eng.cache.slots.num_used == 0

@@ -42,8 +42,9 @@ def _run(sch, pc, seq, out_tokens=(7, 8)):
         batch = sch.schedule()
         batches.append(batch)
         for i, s in enumerate(batch.seqs):
+            sampled = batch.samples(i)       # (as the runner sees it: before the step's tokens count)
             s.num_cached_tokens += batch.num_new_tokens[i]
-            if batch.samples(i):
+            if sampled:
                 s.append_token(out_tokens[min(s.num_output_tokens, len(out_tokens) - 1)])
             pc.register(s)
         for save in batch.saves:

@@ -86,3 +86,18 @@ def test_structured_outputs_at_tp2(tp_engine):
     assert tok.decode(got["r0"], skip_special_tokens=True) in ("alpha", "beta gamma")
     assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", tok.decode(got["r1"], skip_special_tokens=True))
     assert len(got["r2"]) == 6
+
+
+def test_beam_search_at_tp2(tp_engine):
+    """Forked beams copy the parent's partly filled KV block and its linear-attention state on
+    every rank (copy_blocks / copy_states commands): the same beams as at TP=1."""
+    from g906.engine.loader import load_model
+
+    ref = LLMEngine(load_model(SOURCE, device="cpu", progress=False), engine_config())
+    prompts = [[(3 * j + 1) % 400 + 2 for j in range(21)], [9, 8, 7]]    # 21 tokens: forks mid-block
+    params = [SamplingParams(n=3, use_beam_search=True, max_tokens=14, length_penalty=0.7, **GREEDY),
+              SamplingParams(max_tokens=10, **GREEDY)]
+    want = run_all(ref, prompts, params)
+    got = run_all(tp_engine, prompts, params)
+    assert got == want and {"r0:0", "r0:1", "r0:2", "r1"} == set(got)
+    assert tp_engine.cache.blocks.num_used_blocks == 0 and tp_engine.cache.slots.num_used == 0

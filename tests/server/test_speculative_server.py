@@ -15,7 +15,7 @@ import pytest
 from tests.engine.gguf_writer import write_gguf
 from tests.engine.spec_models import markov_mtp_dir
 
-from .conftest import openai_client, serving, server_env
+from .conftest import API_KEY, openai_client, serving, server_env
 
 RECIPE = """
 [model]
@@ -86,6 +86,10 @@ def test_speculative_server(gguf, tmp_path):
     assert [first.choices[0].text, second.choices[0].text] == [o.outputs[0].text for o in plain.generate([long], sp)
                                                                + plain.generate([turn2], sp)]
     assert s.metrics()["vllm:spec_decode_num_drafts_total"] > m["vllm:spec_decode_num_drafts_total"]
+    # beam search has no speculative form: refused by name, not run some other way
+    r = httpx.post(s.v1 + "/completions", json={"prompt": "hi", "max_tokens": 3, "n": 2, "use_beam_search": True},
+                   headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "use_beam_search", r.text
     next(gen, None)
 
 

@@ -241,6 +241,12 @@ class TPGroup:
         finally:
             self.busy = None
 
+    def copy_blocks(self, src: list[int], dst: list[int]) -> None:
+        """Copy KV blocks on every rank (forked beams)."""
+        with self.group.collective("copy_blocks"):
+            self.group.channel.send("copy_blocks", {"src": [int(x) for x in src], "dst": [int(x) for x in dst]})
+        self.inner.cache.copy_blocks(src, dst)
+
     def on_failure(self, cb: Callable[[str], None]) -> None:
         self.callbacks.append(cb)
 
@@ -392,6 +398,12 @@ class TPModel(nn.Module):
         with self.group.collective("copy_states"):
             self.group.channel.send("copy_states", {"src": [int(x) for x in src], "dst": [int(x) for x in dst]})
         self.inner.cache.copy_states(src, dst)
+
+    def copy_blocks(self, src: list[int], dst: list[int]) -> None:
+        """Copy KV blocks on every rank (forked beams)."""
+        with self.group.collective("copy_blocks"):
+            self.group.channel.send("copy_blocks", {"src": [int(x) for x in src], "dst": [int(x) for x in dst]})
+        self.inner.cache.copy_blocks(src, dst)
 
     def on_failure(self, cb: Callable[[str], None]) -> None:
         """cb(message) runs (on a watcher thread) when a worker dies or a collective fails."""

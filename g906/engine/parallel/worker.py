@@ -118,6 +118,8 @@ def serve(comm, model) -> None:
             model.bind_cache(cache)
         elif cmd == "copy_states":
             cache.copy_states(meta["src"], meta["dst"])
+        elif cmd == "copy_blocks":
+            cache.copy_blocks(meta["src"], meta["dst"])
         elif cmd == "shutdown":
             return
         else:
