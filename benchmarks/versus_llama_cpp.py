@@ -63,7 +63,7 @@ from g906.bench.metrics import LengthSpec, Workload  # noqa: E402
 from g906.bench.offline import make_engine, open_model, run_offline  # noqa: E402
 from g906.errors import G906Error  # noqa: E402
 
-GROUPS = ("dense", "c64", "moe", "27b", "spec", "prefix", "structured", "int4")
+GROUPS = ("dense", "moe", "prefix", "structured", "c64", "spec", "27b", "int4")
 FILES = {"9b-q4_k": ("qwen3.5-9b", "q4_k"), "9b-f16": ("qwen3.5-9b", "f16"), "9b-q8_0": ("qwen3.5-9b", "q8_0"),
          "0.8b-f16": ("qwen3.5-0.8b", "f16"), "27b-q4_k": ("qwen3.5-27b", "q4_k"),
          "35b-a3b-q4_k": ("qwen3.5-35b-a3b", "q4_k")}
@@ -476,7 +476,7 @@ def g_spec(run: Run) -> None:
 
 
 def g_prefix(run: Run) -> None:
-    args = [*_shape_args(run), "--turns", "10", "--reps", "2", "--out", str(run.work / "prefix.json")]
+    args = [*_shape_args(run), "--turns", "10", "--reps", "1", "--out", str(run.work / "prefix.json")]
     if not run.args.quick:
         args += ["--first-len", "4096", "--turn-len", "900", "--output-len", "32"]
     else:
@@ -490,9 +490,9 @@ def g_prefix(run: Run) -> None:
 
 def g_structured(run: Run) -> None:
     path = run.file("9b-q4_k")
-    tokens = "16" if run.args.quick else "256"
+    tokens = "16" if run.args.quick else "128"
     d = _script(run, "structured.py", ["--model", str(path), "--device", str(run.device), "--tokens", tokens,
-                                       "--batches", "1,16", "--json", str(run.work / "structured.json")],
+                                       "--batches", "1,16", "--repeats", "1", "--json", str(run.work / "structured.json")],
                 "structured.json", 420)
     for b in (1, 16):
         row = next((r for r in (d or {}).get("rows", []) if r["batch"] == b and r["constraint"] == "json"), None)
