@@ -24,7 +24,7 @@ import triton.language as tl
 
 from .._triton_util import empty
 from ..int4.experts import GroupQuantExperts
-from .kernel import GEMV_MAX_TOKENS, _dot_t
+from .common import GEMV_MAX_TOKENS, _dot_t
 from .sort import sort_by_expert
 
 

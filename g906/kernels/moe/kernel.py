@@ -23,10 +23,10 @@ import triton.language as tl
 from .._triton_util import empty
 from ..int4.experts import is_group_quant_experts
 from ..linear.gguf_decode import QTYPES, STEP_BYTES, _dequant_step
+from .common import GEMV_MAX_TOKENS, _dot_t
 from .sort import sort_by_expert
 
 FUSED_QTYPES = tuple(QTYPES)
-GEMV_MAX_TOKENS = 16
 
 
 @triton.jit
@@ -86,14 +86,6 @@ def _routed_down_kernel(h_ptr, w_ptr, ids_ptr, tw_ptr, y_ptr, N, K, sh, swe, swn
         acc += wt * _rows_dot(w_ptr, e * swe + nc * swn, h_ptr + p.to(tl.int64) * sh, K, QT, STEP_B,
                               BLOCK_N, BLOCK_K)
     tl.store(y_ptr + t.to(tl.int64) * sy + nn, acc.to(y_ptr.dtype.element_ty), mask=nmask)
-
-
-@triton.jit
-def _dot_t(a, b, acc, FP32: tl.constexpr):
-    """acc + a [M, K] @ b [N, K]^T."""
-    if FP32:
-        return acc + tl.dot(a, tl.trans(b), input_precision="ieee")
-    return acc + tl.dot(a, tl.trans(b.to(a.dtype)))
 
 
 @triton.jit
