@@ -160,7 +160,8 @@ def run_moe(*, device: torch.device, reference: bool, shrink: int, rep: int, bw:
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     E, k = MOE_35B["experts"] // shrink, MOE_35B["top_k"]
     H, inter = (max(256, MOE_35B[d] // shrink) for d in ("hidden", "inter"))
-    kinds = {"int4 g128 sym": (int4_experts(E, 2 * inter, H, device=device), int4_experts(E, H, inter, device=device, seed=1)),
+    kinds = {"int4 g128 sym": (int4_experts(E, 2 * inter, H, device=device),
+                               int4_experts(E, H, inter, device=device, seed=1)),
              "Q4_K": (q4k_experts(E, 2 * inter, H, device), q4k_experts(E, H, inter, device, seed=1))}
     rows = []
     g = torch.Generator().manual_seed(2)

@@ -3,8 +3,9 @@ the experts, top-k (renormalised), the chosen experts' SwiGLU (g906.kernels.moe:
 weights are read), plus a shared expert scaled by sigmoid(shared_expert_gate(x)).
 
 Expert weights are stacked [E, N, K]: dense tensors, QuantizedExperts (GGUF blocks kept
-quantized) or GroupQuantExperts (GPTQ / AWQ / compressed-tensors int4 / int8, kept packed). gate and up are stacked into one [E, 2I, H] weight after loading where their
-storage agrees (the SwiGLU is then fused into the kernel that computes them)."""
+quantized) or GroupQuantExperts (GPTQ / AWQ / compressed-tensors int4 / int8, kept packed).
+gate and up are stacked into one [E, 2I, H] weight after loading where their storage agrees
+(the SwiGLU is then fused into the kernel that computes them)."""
 
 from __future__ import annotations
 

@@ -178,8 +178,10 @@ def _gq_grouped_down_kernel(h_ptr, qw_ptr, s_ptr, z_ptr, pairs_ptr, tile_e_ptr, 
 
 
 def _ok(w) -> bool:
+    if not isinstance(w, GroupQuantExperts):
+        return False
     gs = w.group_size
-    return (isinstance(w, GroupQuantExperts) and w.bits in (4, 8) and w.shape[2] % w.pack == 0
+    return (w.bits in (4, 8) and w.shape[2] % w.pack == 0
             and (w.per_channel or (gs >= 16 and gs & (gs - 1) == 0))
             and w.qweight.is_contiguous() and w.scales.is_contiguous()
             and (w.zeros is None or (w.zeros.is_contiguous() and w.zeros.shape == w.scales.shape)))
