@@ -1,9 +1,10 @@
 """Routed experts over int4/int8 group-quantized weights (GPTQ / AWQ / compressed-tensors MoE
 checkpoints, g906/kernels/moe/int4.py): the Triton routed GEMV (decode) and grouped GEMM (prefill)
 against the PyTorch reference, with expert counts and top-k like Qwen3.5-35B-A3B (256 or 64
-experts, top-8; the grouped GEMM at 64) at tiny hidden sizes, group sizes 32 / 128 and one group per row, symmetric and
-asymmetric, act-order per expert (gate and up with permutations of their own); the container's
-dequantization against each expert's GroupQuantWeight and a float64 per-token loop."""
+experts, top-8; the grouped GEMM at 64) at tiny hidden sizes, group sizes 32 / 128 and one
+group per row, symmetric and asymmetric, 4 and 8 bits, act order per expert (gate and up with
+permutations of their own); the container's dequantization against each expert's
+GroupQuantWeight and a float64 per-token loop."""
 
 from __future__ import annotations
 
