@@ -1,6 +1,6 @@
 """Tensor parallelism over int4 MoE checkpoints (gloo, two processes): each rank takes every
-expert's gate/up rows and down_proj input features at group boundaries (the tests' own GPTQ
-packing, one module per expert, the shared expert quantized too) and computes what TP=1 and
+expert's gate/up rows and down_proj input features at group boundaries (the tests' own GPTQ and
+compressed-tensors packing, one module per expert; the shared expert quantized too or not) and computes what TP=1 and
 transformers (on the dequantized weights) compute. Act-order experts, whose down_proj groups a
 split would break, are refused naming the expert's tensor (first: a process holds one TP group
 at a time, and the fixture's lives to the end)."""
@@ -39,28 +39,42 @@ def test_act_order_experts_are_refused(tmp_path):
                      msg) and "act order" in msg
 
 
-@pytest.fixture(scope="module")
-def gptq_moe(tmp_path_factory):
-    from g906.engine.loader import load_model
-
-    hf = build_tiny_qwen35moe(seed=32)
-    d = tmp_path_factory.mktemp("tp-gptq-moe")
+CASES = {
     # experts asymmetric int4 g32 (a rank's 128 expert features = 4 groups); the shared expert's
     # down_proj 8-bit per-channel; the router and the shared expert's gate 16-bit
-    write_quantized(hf, d, "gptq", {
+    "gptq-asym-g32": ("gptq", {
         "quant_method": "gptq", "bits": 4, "group_size": 32, "sym": False, "desc_act": False,
         "dynamic": {r"-:.*linear_attn\.in_proj_[ab]$": {},
                     r"+:.*shared_expert\.down_proj$": {"bits": 8, "group_size": -1}}},
-        scheme_for=lambda m: None if BA.match(m) else (
-            (8, -1, False, False) if m.endswith("shared_expert.down_proj") else (4, 32, False, False)))
+        lambda m: None if BA.match(m) else (
+            (8, -1, False, False) if m.endswith("shared_expert.down_proj") else (4, 32, False, False))),
+    # llm-compressor W4A16 with zero points (packed along the outputs), experts only, group 128:
+    # a rank's 128 expert features are one whole group
+    "ct-w4a16-asym-g128-experts": ("ct", {
+        "quant_method": "compressed-tensors", "format": "pack-quantized",
+        "config_groups": {"group_0": {"targets": [r"re:.*mlp\.experts\.\d+\.(gate|up|down)_proj$"],
+                                      "weights": {"num_bits": 4, "type": "int", "symmetric": False,
+                                                  "strategy": "group", "group_size": 128}}}},
+        lambda m: (4, 128, False, False) if EXPERT.match(m) else None),
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def int4_moe(request, tmp_path_factory):
+    from g906.engine.loader import load_model
+
+    fmt, qc, rules = CASES[request.param]
+    hf = build_tiny_qwen35moe(seed=32)
+    d = tmp_path_factory.mktemp(request.param)
+    write_quantized(hf, d, fmt, qc, scheme_for=rules)
     ref = load_model(str(d), dtype="float32", device="cpu", progress=False)
     tp = _tp(str(d))
     yield hf, ref, tp
     tp.model.close()
 
 
-def test_tp2_matches_tp1_and_transformers(gptq_moe):
-    hf, ref, tp = gptq_moe
+def test_tp2_matches_tp1_and_transformers(int4_moe):
+    hf, ref, tp = int4_moe
     assert tp.info["quantized_tensors"] == ref.info["quantized_tensors"] > 0
     assert tp.info["weight_bytes"] < ref.info["weight_bytes"]
     assert isinstance(ref.model.model.layers[0].mlp.experts.gate_up, GroupQuantExperts)
