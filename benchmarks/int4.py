@@ -13,6 +13,12 @@ GB/s and its % of the measured copy rate (read + write of a large buffer); prefi
 print TFLOP/s. --reference times the PyTorch references instead (on the CPU: the figures only
 prove the script and the references work, they say nothing about the kernels). --shrink N
 divides every dimension by N (quick runs).
+
+--moe adds the routed experts of Qwen3.5-35B-A3B (256 experts of 512 features, hidden 2048,
+top-8): ops.moe_experts over int4 g128 experts (GroupQuantExperts, as GPTQ-Int4 / AWQ load)
+beside Q4_K experts, one token (the routed GEMV) and a 512-token prefill (the grouped GEMM).
+The bytes counted are the active ones: the chosen experts' weights (every expert some token
+picked), not all 256.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from g906.engine.weights import QuantizedTensor  # noqa: E402
 from g906.kernels import ops, registry  # noqa: E402
+from g906.engine.weights import QuantizedExperts  # noqa: E402
+from g906.kernels.int4.experts import GroupQuantExperts  # noqa: E402
 from g906.kernels.int4.reference import pack_rows  # noqa: E402
 from g906.kernels.int4.weight import GroupQuantWeight  # noqa: E402
 
@@ -131,12 +139,57 @@ def run(*, device: torch.device, reference: bool, quick: bool, shrink: int, rep:
     return dict(device=str(device), reference=reference, copy_gbs=bw, shrink=shrink, rows=rows)
 
 
+MOE_35B = dict(experts=256, top_k=8, hidden=2048, inter=512)
+
+
+def int4_experts(E, N, K, *, device, group=128, seed=0) -> GroupQuantExperts:
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 16, (E * N, K), generator=g, dtype=torch.int32)
+    s = (torch.rand(E, N, -(-K // group), generator=g) * 0.01 + 0.001).half()
+    return GroupQuantExperts(pack_rows(q, 4).reshape(E, N, K // 8), s, None, 4, group, (E, N, K)).to(device)
+
+
+def q4k_experts(E, N, K, device, seed=0) -> QuantizedExperts:
+    t = q4k_weight(E * N, K, "cpu", seed)
+    return QuantizedExperts(t.data.reshape(E, N, -1).to(device), "Q4_K", (E, N, K))
+
+
+def run_moe(*, device: torch.device, reference: bool, shrink: int, rep: int, bw: float) -> list[dict]:
+    if reference:
+        os.environ["G906_KERNELS"] = "reference"
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    E, k = MOE_35B["experts"] // shrink, MOE_35B["top_k"]
+    H, inter = (max(256, MOE_35B[d] // shrink) for d in ("hidden", "inter"))
+    kinds = {"int4 g128 sym": (int4_experts(E, 2 * inter, H, device=device),
+                               int4_experts(E, H, inter, device=device, seed=1)),
+             "Q4_K": (q4k_experts(E, 2 * inter, H, device), q4k_experts(E, H, inter, device, seed=1))}
+    rows = []
+    g = torch.Generator().manual_seed(2)
+    for T in (1, 512 // shrink if shrink > 1 else 512):
+        x = (torch.randn(T, H, generator=g) * 0.1).to(device, dtype)
+        w, ids = ops.moe_route(torch.randn(T, E, generator=g).to(device), k, True)
+        active = int(torch.unique(ids).numel())
+        for kind, (gu, dn) in kinds.items():
+            ms = time_ms(lambda: ops.moe_experts(x, gu, dn, ids, w), device, rep)
+            nbytes = (gu.nbytes + dn.nbytes) * active // E + 2 * x.numel() * x.element_size()
+            gbs = nbytes / (ms * 1e-3) / 1e9
+            path = registry.choose("moe_experts", x, gu, dn, ids, w)
+            row = dict(shape="moe.experts (35B-A3B)", N=2 * inter, K=H, T=T, weight=kind, path=path, ms=ms,
+                       bytes=nbytes, gbs=gbs, pct_copy=100 * gbs / bw, active_experts=active,
+                       tflops=2 * T * k * 3 * inter * H / (ms * 1e-3) / 1e12)
+            rows.append(row)
+            print(f"{'moe.experts':<26} {E:>3}x{active:>3} act T={T:<4} {kind:<14} {path:<9} {ms:9.4f} ms "
+                  f"{gbs:8.1f} GB/s {row['pct_copy']:6.1f}% of copy", flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reference", action="store_true", help="time the PyTorch references (CPU: the only choice)")
     ap.add_argument("--quick", action="store_true", help="two shapes only")
     ap.add_argument("--shrink", type=int, default=1, help="divide every dimension by this")
     ap.add_argument("--rep", type=int, default=100)
+    ap.add_argument("--moe", action="store_true", help="also the routed experts of Qwen3.5-35B-A3B (int4 vs Q4_K)")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -144,6 +197,9 @@ def main(argv=None) -> int:
     if device.type == "cpu" and not args.reference:
         print("# no GPU: timing the PyTorch references (--reference)")
     out = run(device=device, reference=reference, quick=args.quick, shrink=max(1, args.shrink), rep=args.rep)
+    if args.moe:
+        out["rows"] += run_moe(device=device, reference=reference, shrink=max(1, args.shrink), rep=args.rep,
+                               bw=out["copy_gbs"])
     print(f"# copy rate (read + write): {out['copy_gbs']:.0f} GB/s on {out['device']}")
     if args.json:
         with open(args.json, "w") as f:

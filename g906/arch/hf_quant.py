@@ -331,7 +331,9 @@ def _layer_prefix(config: dict) -> str:
 
 def row_parallel_modules(facts: dict, config: dict) -> list[tuple[str, int]]:
     """(checkpoint module name, input features K) of every row-parallel projection (its input
-    features are split over the ranks): o_proj, linear_attn.out_proj, mlp.down_proj."""
+    features are split over the ranks): o_proj, linear_attn.out_proj, mlp.down_proj; in an MoE
+    model each routed expert's mlp.experts.<e>.down_proj (the experts' intermediate features
+    are split over the ranks) and mlp.shared_expert.down_proj."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     n = facts.get("num_hidden_layers") or 0
     types = text.get("layer_types")
@@ -344,13 +346,22 @@ def row_parallel_modules(facts: dict, config: dict) -> list[tuple[str, int]]:
         hd = facts["hidden_size"] // heads
     hv, dv = facts.get("linear_num_value_heads"), facts.get("linear_value_head_dim")
     inter = facts.get("intermediate_size")
+    moe = bool(facts.get("num_experts"))
+    experts, expert_k = facts.get("num_experts") or 0, facts.get("moe_intermediate_size")
+    shared_k = facts.get("shared_expert_intermediate_size") or expert_k
     out = []
     for i, t in enumerate(types):
         if t == "full_attention" and heads and hd:
             out.append((f"{prefix}.{i}.self_attn.o_proj", heads * hd))
         elif t == "linear_attention" and hv and dv:
             out.append((f"{prefix}.{i}.linear_attn.out_proj", hv * dv))
-        if inter:
+        if moe:
+            # every routed expert's down_proj (the rules may name single experts) and the shared one
+            if expert_k:
+                out += [(f"{prefix}.{i}.mlp.experts.{e}.down_proj", expert_k) for e in range(experts)]
+            if shared_k:
+                out.append((f"{prefix}.{i}.mlp.shared_expert.down_proj", shared_k))
+        elif inter:
             out.append((f"{prefix}.{i}.mlp.down_proj", inter))
     return out
 
@@ -365,7 +376,7 @@ def tp_split_problems(hq: HFQuant, facts: dict, config: dict, tp: int) -> list[s
     seen: set[str] = set()
     out = []
     for module, K in row_parallel_modules(facts, config):
-        kind = module.rsplit(".", 2)[-2] + "." + module.rsplit(".", 1)[-1]
+        kind = re.sub(r"\.\d+\.", ".", re.sub(r"^.*?\.layers\.\d+\.", "", module))   # e.g. mlp.experts.down_proj
         s = hq.scheme_for(module)
         if s is None or kind in seen or K % tp:
             continue

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from g906.engine.synthetic import DENSE_DTYPES, SEED, NullTokenizer, normalize_quant, shape_config, synthetic_weights
-from g906.engine.weights import GroupQuantWeight, is_quantized
+from g906.engine.weights import GroupQuantExperts, GroupQuantWeight, is_quantized
 
 
 def _tensors_of(w) -> list[torch.Tensor]:
@@ -22,7 +22,7 @@ def _tensors_of(w) -> list[torch.Tensor]:
     a repacked quantized weight (g906.kernels' PackedQuant)."""
     if isinstance(w, torch.Tensor):
         return [w]
-    if isinstance(w, GroupQuantWeight):      # GPTQ / AWQ / compressed-tensors: words + scales
+    if isinstance(w, (GroupQuantWeight, GroupQuantExperts)):   # GPTQ / AWQ / compressed-tensors: words + scales
         return [t for t in (w.qweight, w.scales, w.zeros, w.perm) if t is not None]
     planes = getattr(w, "planes", None)
     if isinstance(planes, dict):

@@ -4,7 +4,8 @@ A loader yields (name, tensor) pairs with Hugging Face parameter names
 (e.g. "model.layers.3.linear_attn.in_proj_qkv.weight") and HF semantics. A tensor is a dense
 torch.Tensor, a QuantizedTensor (GGUF blocks) or a GroupQuantWeight (GPTQ / AWQ /
 compressed-tensors int4 or int8, g906/kernels/int4); the quantized two stay quantized in memory
-and the matmul dequantizes them on the fly (g906.kernels)."""
+and the matmul dequantizes them on the fly (g906.kernels). Routed experts stack into
+QuantizedExperts (GGUF) or GroupQuantExperts (int4 / int8, g906/kernels/int4/experts.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from g906.kernels.int4.experts import GroupQuantExperts
 from g906.kernels.int4.weight import GroupQuantWeight
 
 
@@ -82,9 +84,10 @@ class QuantizedExperts:
                                 (parts[0].shape[0], int(sum(p.shape[1] for p in parts)), parts[0].shape[2]))
 
 
-QUANTIZED_TYPES = (QuantizedTensor, GroupQuantWeight, QuantizedExperts)
+QUANTIZED_TYPES = (QuantizedTensor, GroupQuantWeight, QuantizedExperts, GroupQuantExperts)
 
 
 def is_quantized(t) -> bool:
-    """A weight kept quantized in memory (GGUF blocks, int4/int8 groups or stacked GGUF experts)."""
+    """A weight kept quantized in memory (GGUF blocks, int4/int8 groups, or stacked experts of
+    either)."""
     return isinstance(t, QUANTIZED_TYPES)

@@ -50,8 +50,12 @@ _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I1
                 "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
 
+_EXPERTS = "__routed_experts__"      # pseudo-dtype: bytes of the routed experts' tensors (MoE)
+
+
 def _safetensors_header_ok(path: Path) -> dict[str, int]:
-    """Check the header; return the data bytes per dtype ({"I32": n, "BF16": n, ...})."""
+    """Check the header; return the data bytes per dtype ({"I32": n, "BF16": n, ...}), and under
+    _EXPERTS the bytes of the routed experts' tensors (mlp.experts.*, the MTP block's aside)."""
     try:
         with open(path, "rb") as f:
             head = f.read(8)
@@ -73,6 +77,8 @@ def _safetensors_header_ok(path: Path) -> dict[str, int]:
                 if isinstance(off, list) and len(off) == 2 and all(isinstance(v, int) for v in off):
                     dt = str(t.get("dtype"))
                     by_dtype[dt] = by_dtype.get(dt, 0) + off[1] - off[0]
+                    if ".mlp.experts." in name and not name.startswith("mtp."):
+                        by_dtype[_EXPERTS] = by_dtype.get(_EXPERTS, 0) + off[1] - off[0]
             return by_dtype
     except ModelFileError:
         raise
@@ -137,7 +143,12 @@ def inspect_hf_dir(path: Path) -> HFInfo:
         info.warnings.append(f"{path} has no tokenizer.json (the embedded engine needs it)")
     info.facts = config_facts(config)
     info.facts["weights_bytes"] = sum(w.stat().st_size for w in info.weight_files)
+    expert_bytes = by_dtype.pop(_EXPERTS, 0)
     info.facts["weights_bytes_by_dtype"] = by_dtype
+    if expert_bytes and qm is not None:
+        # packed experts are resident as stored (the engine never unpacks them): the doctor's
+        # active-bytes estimate takes their real size, not one from the shapes and the dtype
+        info.facts["expert_bytes"] = expert_bytes
     return info
 
 

@@ -26,3 +26,14 @@ def test_int4_benchmark_reference_mode(monkeypatch):
 
     assert torch.isfinite(ops.linear(x, w)).all() and torch.isfinite(
         ops.linear(x, bench.q4k_weight(64, 256, "cpu"))).all()
+
+
+def test_int4_benchmark_moe_rows(monkeypatch):
+    monkeypatch.delenv("G906_KERNELS", raising=False)
+    bench = load_benchmark("int4")
+    rows = bench.run_moe(device=torch.device("cpu"), reference=True, shrink=16, rep=1, bw=10.0)
+    assert {r["weight"] for r in rows} == {"int4 g128 sym", "Q4_K"} and {r["T"] for r in rows} == {1, 32}
+    one = next(r for r in rows if r["weight"] == "int4 g128 sym" and r["T"] == 1)
+    assert one["active_experts"] == 8 and all(r["ms"] > 0 and r["path"] == "reference" for r in rows)
+    # the active bytes: 8 of the 16 experts' int4 words and scales, about a quarter of fp16's
+    assert one["bytes"] < 8 * 3 * one["N"] // 2 * one["K"] * 2 * 0.3

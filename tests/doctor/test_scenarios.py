@@ -312,7 +312,13 @@ def test_known_bad_combinations(tmp_path):
     _, findings = evaluate(tmp_path, machine, MI50_PROBE, plan=plan)
     f = by_id(findings, "recipe.known_bad")
     assert f.status == "fail" and f.summary.startswith("moe-gptq-int4:")
-    assert "GGUF" in f.fix
+    assert "GGUF" in f.fix and "embedded" in f.fix
+    # the embedded engine runs int4 MoE checkpoints with its own kernels: not known-bad there
+    plan = make_plan(tmp_path / "emb", fmt="hf", quantization="gptq", architecture="Qwen3_5MoeForConditionalGeneration",
+                     weights=10 * GB, tp=2)
+    (tmp_path / "emb/models/hf/config.json").write_text('{"quantization_config": {"bits": 4, "quant_method": "gptq"}}')
+    _, findings = evaluate(tmp_path / "emb", machine, MI50_PROBE, plan=plan)
+    assert by_id(findings, "recipe.known_bad").status == "ok"
 
     plan = make_plan(tmp_path / "awq", fmt="hf", quantization="awq", architecture="Qwen3_5ForCausalLM",
                      weights=5 * GB, dtype="bfloat16", engine_kind="vllm")

@@ -13,7 +13,13 @@ installed here):
 
 write_quantized(model, dir, fmt, ...) quantizes every projection the config quantizes, replaces
 the model's weights by their dequantized values (the reference transformers then runs), saves
-config.json (with its quantization_config) and model.safetensors with the packed tensors."""
+config.json (with its quantization_config) and model.safetensors with the packed tensors.
+
+MoE (qwen3_5_moe): transformers holds the routed experts fused (mlp.experts.gate_up_proj
+[E, 2I, H], mlp.experts.down_proj [E, H, I]); the quantizers (gptqmodel, AutoAWQ,
+llm-compressor) write them as the Hub checkpoints name them, one module per expert:
+mlp.experts.<e>.{gate,up,down}_proj.<part>. The router (mlp.gate) and the shared expert's gate
+are not projections of PROJ: they stay 16-bit, as in Qwen's own GPTQ releases."""
 
 from __future__ import annotations
 
@@ -107,27 +113,46 @@ def write_quantized(model, d: Path, fmt: str, quant_config: dict, *, scheme_for,
     model.save_pretrained(d)           # config.json and the fp32 tensors, replaced below
     sd = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
     done = {}
+
+    def put(module: str, w: torch.Tensor, seed_i: int) -> torch.Tensor:
+        """Quantize one module's weight into sd (or store it 16-bit); its dequantized value."""
+        sch = scheme_for(module)
+        if sch is None:
+            sd[f"{module}.weight"] = w.detach().clone().contiguous()
+            return w
+        bits, gs, sym, act = sch
+        q, s, z, g_idx, deq = quantize(w, bits, gs, sym, act, seed_i)
+        if fmt in ("gptq", "gptq_v2"):
+            parts = gptq_tensors(q, s, z, g_idx, bits, v2=fmt == "gptq_v2")
+        elif fmt == "awq":
+            parts = awq_tensors(q, s, z if not sym else torch.full_like(z, 8))
+        else:
+            parts = ct_tensors(q, s, z, g_idx, bits, sym, act)
+        for k, v in parts.items():
+            sd[f"{module}.{k}"] = v
+        done[module] = sch
+        return deq
+
     with torch.no_grad():
         for i, (name, p) in enumerate(list(model.named_parameters())):
+            if name.endswith(("mlp.experts.gate_up_proj", "mlp.experts.down_proj")):
+                del sd[name]
+                base = name.rsplit(".", 1)[0]
+                for e in range(p.shape[0]):
+                    if name.endswith("down_proj"):
+                        p[e] = put(f"{base}.{e}.down_proj", p[e], seed + 7919 * i + e)
+                    else:
+                        half = p.shape[1] // 2
+                        p[e, :half] = put(f"{base}.{e}.gate_proj", p[e, :half], seed + 7919 * i + 2 * e)
+                        p[e, half:] = put(f"{base}.{e}.up_proj", p[e, half:], seed + 7919 * i + 2 * e + 1)
+                continue
             if not name.endswith(".weight") or not PROJ.search(name[:-7]):
                 continue
             module = name[:-7]
-            sch = scheme_for(module)
-            if sch is None:
+            if scheme_for(module) is None:
                 continue
-            bits, gs, sym, act = sch
-            q, s, z, g_idx, deq = quantize(p.data, bits, gs, sym, act, seed + i)
-            p.copy_(deq)
             del sd[name]
-            if fmt in ("gptq", "gptq_v2"):
-                parts = gptq_tensors(q, s, z, g_idx, bits, v2=fmt == "gptq_v2")
-            elif fmt == "awq":
-                parts = awq_tensors(q, s, z if not sym else torch.full_like(z, 8))
-            else:
-                parts = ct_tensors(q, s, z, g_idx, bits, sym, act)
-            for k, v in parts.items():
-                sd[f"{module}.{k}"] = v
-            done[module] = sch
+            p.copy_(put(module, p.data, seed + i))
     for f in d.glob("*.safetensors"):
         f.unlink()
     save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})

@@ -115,3 +115,41 @@ def test_autogptq_quantize_config_json(tmp_path):
     assert plan.quantization == "gptq" and "4-bit, group 128" in plan.quant_detail
     (d / "quantize_config.json").write_text(json.dumps({"bits": 3, "group_size": 128}))
     assert "GPTQ 3-bit" in errors_of(tmp_path, '[model]\nsource = "m"\n')[0]["message"]
+
+
+MOE_TEXT = {**{k: v for k, v in TEXT.items() if k != "intermediate_size"}, "num_experts": 8,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 256}
+
+
+def write_moe_dir(path: Path, qc: dict) -> Path:
+    d = write_dir(path, qc)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg = {**{k: v for k, v in cfg.items() if k != "intermediate_size"}, **MOE_TEXT,
+           "architectures": ["Qwen3_5MoeForCausalLM"]}
+    (d / "config.json").write_text(json.dumps(cfg))
+    from safetensors.numpy import save_file
+
+    save_file({"model.layers.0.mlp.experts.0.down_proj.qweight": np.zeros((16, 64), dtype=np.int32),
+               "model.layers.0.mlp.experts.0.down_proj.scales": np.zeros((1, 64), dtype=np.float16),
+               "model.layers.0.mlp.gate.weight": np.zeros((8, 64), dtype=np.float16)},
+              str(d / "model.safetensors"))
+    return d
+
+
+def test_moe_expert_splits_checked_per_expert(tmp_path):
+    """An MoE checkpoint: each routed expert's down_proj (128 input features) and the shared
+    expert's (256) are split over the ranks; the rules apply per expert module."""
+    experts_only = {r"-:.*shared_expert.*": {}, r"-:.*\.(self_attn|linear_attn)\..*": {}}
+    toml = '[model]\nsource = "m"\n[parallel]\ntensor_parallel_size = 2\n'
+    write_moe_dir(tmp_path / "m", {**GPTQ, "group_size": 128, "dynamic": experts_only})
+    msg = errors_of(tmp_path, toml)[0]["message"]
+    assert "model.layers.0.mlp.experts.0.down_proj: each of 2 ranks would take 128 / 2 = 64 input features" in msg
+    assert "shared_expert" not in msg and "o_proj" not in msg
+    write_moe_dir(tmp_path / "m", {**GPTQ, "group_size": 32, "desc_act": True, "dynamic": experts_only})
+    msg = errors_of(tmp_path, toml)[0]["message"]
+    assert "mlp.experts.0.down_proj" in msg and "act-order scatters each group of 32" in msg
+    write_moe_dir(tmp_path / "m", {**GPTQ, "group_size": 64, "dynamic": experts_only})
+    plan = plan_of(tmp_path, toml)
+    assert plan.tensor_parallel_size == 2
+    # the doctor's active-bytes estimate takes the packed experts as stored
+    assert plan.model_facts["expert_bytes"] == 16 * 64 * 4 + 64 * 2

@@ -16,7 +16,7 @@ def test_there_is_one_recipe_per_deployment():
     names = {p.name for p in RECIPES}
     assert {"demo.toml", "qwen3.5-0.8b-f16.toml", "qwen3.5-9b-f16.toml", "qwen3.5-27b-gguf-tp2.toml",
             "qwen3.5-multimodal-gguf.toml", "qwen3.5-vllm.toml", "qwen3.5-9b-gptq-int4.toml",
-            "qwen3.5-35b-a3b-gguf.toml", "qwen3.5-35b-a3b-gguf-tp2.toml"} <= names
+            "qwen3.5-35b-a3b-gguf.toml", "qwen3.5-35b-a3b-gguf-tp2.toml", "qwen3.5-35b-a3b-gptq-int4.toml"} <= names
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
@@ -56,6 +56,9 @@ def test_deployment_details():
     assert p["mm_limits"]["image"]["count"] == 1
     p = plan("qwen3.5-35b-a3b-gguf-tp2.toml")
     assert (p["tensor_parallel_size"], p["devices"], p["max_model_len"]) == (2, [0, 1], 131072)
+    p = plan("qwen3.5-35b-a3b-gptq-int4.toml")
+    assert (p["tensor_parallel_size"], p["engine_kind"], p["dtype"]) == (1, "embedded", "float16")
+    assert "GPTQ-Int4" in p["model_source"]
     p = plan("demo.toml")
     assert (p["model_format"], p["served_model_name"], p["warnings"]) == ("builtin", "tiny-qwen35", [])
 

@@ -2,9 +2,10 @@
 the experts, top-k (renormalised), the chosen experts' SwiGLU (g906.kernels.moe: only their
 weights are read), plus a shared expert scaled by sigmoid(shared_expert_gate(x)).
 
-Expert weights are stacked [E, N, K]: dense tensors, or QuantizedExperts (GGUF blocks kept
-quantized). gate and up are stacked into one [E, 2I, H] weight after loading where their
-storage agrees (the SwiGLU is then fused into the kernel that computes them)."""
+Expert weights are stacked [E, N, K]: dense tensors, QuantizedExperts (GGUF blocks kept
+quantized) or GroupQuantExperts (GPTQ / AWQ / compressed-tensors int4 / int8, kept packed).
+gate and up are stacked into one [E, 2I, H] weight after loading where their storage agrees
+(the SwiGLU is then fused into the kernel that computes them)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from g906.engine.layers import ops
 from g906.engine.layers.base import WeightHolder, WeightSpec
 from g906.engine.layers.linear import Linear, plain
 from g906.engine.layers.mlp import MLP
-from g906.engine.weights import QuantizedExperts
+from g906.engine.weights import GroupQuantExperts, QuantizedExperts
 
 
 class Experts(WeightHolder):
@@ -36,7 +37,7 @@ class Experts(WeightHolder):
                 "down_proj": WeightSpec((E, H, inter), quantizable=True)}
 
     def set_weight(self, attr, value) -> None:
-        if isinstance(value, QuantizedExperts):
+        if isinstance(value, (QuantizedExperts, GroupQuantExperts)):
             self._parameters.pop(attr, None)
             object.__setattr__(self, attr, value)
             return
@@ -49,6 +50,9 @@ class Experts(WeightHolder):
         elif (isinstance(g, QuantizedExperts) and isinstance(u, QuantizedExperts) and g.qtype == u.qtype
               and g.data.shape[2] == u.data.shape[2]):
             self.gate_up = QuantizedExperts.cat_rows([g, u])
+        elif (isinstance(g, GroupQuantExperts) and isinstance(u, GroupQuantExperts) and g.cat_key() == u.cat_key()
+              and (g.perm is None or g.perm.shape[1] == 1) and (u.perm is None or u.perm.shape[1] == 1)):
+            self.gate_up = GroupQuantExperts.cat_rows([g, u])
         else:
             self.gate_up = (g, u)
             return

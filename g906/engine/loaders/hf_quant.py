@@ -30,6 +30,8 @@ PARTS = {
                            "weight_g_idx", "bias"),
 }
 _PACKED = {"gptq": "qweight", "awq": "qweight", "compressed-tensors": "weight_packed"}
+_REQUIRED = {"gptq": ("qweight", "scales"), "awq": ("qweight", "scales"),
+             "compressed-tensors": ("weight_packed", "weight_scale")}
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -84,6 +86,10 @@ class QuantAssembler:
                 f"{self.where}: module {module} is stored quantized, but quantization_config leaves it "
                 "unquantized (modules_to_not_convert / dynamic / ignore)",
                 hint="the checkpoint and its config.json disagree; re-download or fix config.json")
+        missing = [p for p in _REQUIRED[self.hq.method] if p not in parts]
+        if missing:
+            raise G906Error(f"{self.where}: quantized module {module} lacks {', '.join(missing)}",
+                            hint="the download is incomplete or the checkpoint is damaged")
         bias = parts.pop("bias", None)
         if bias is not None and bool(bias.ne(0).any()):
             raise G906Error(f"{self.where}: {module}.bias is not zero, but this model's projections have no bias")

@@ -7,7 +7,9 @@ its expert weights come in:
 - fused as transformers holds them: mlp.experts.gate_up_proj [E, 2I, H] ([gate; up] per
   expert; also GGUF ffn_gate_up_exps) -> split into gate_proj and up_proj;
 - one tensor per expert (the checkpoints on the Hub): mlp.experts.<e>.{gate,up,down}_proj.weight
-  -> stacked once all E of a projection have arrived."""
+  -> stacked once all E of a projection have arrived; GPTQ / AWQ / compressed-tensors experts
+  arrive as GroupQuantWeights (loaders/hf_quant.py) and stack into one GroupQuantExperts per
+  projection, still packed."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from typing import Iterable, Iterator
 import torch
 
 from g906.engine.models.qwen35 import Qwen35ForCausalLM
-from g906.engine.weights import QuantizedExperts, QuantizedTensor
+from g906.engine.weights import GroupQuantExperts, GroupQuantWeight, QuantizedExperts, QuantizedTensor
 from g906.errors import G906Error
 
 _PER_EXPERT = re.compile(r"^(?P<prefix>.*\.mlp\.experts)\.(?P<e>\d+)\.(?P<proj>gate|up|down)_proj\.weight$")
@@ -44,6 +46,13 @@ def _stack(name: str, parts: list) -> object:
     if all(isinstance(p, QuantizedTensor) for p in parts) and len({p.qtype for p in parts}) == 1:
         n, k = parts[0].shape
         return QuantizedExperts(torch.stack([p.data for p in parts]), parts[0].qtype, (len(parts), n, k))
+    if all(isinstance(p, GroupQuantWeight) for p in parts):
+        problem = GroupQuantExperts.stack_problem(parts)
+        if problem:
+            raise G906Error(f"tensor {name}: the experts are quantized differently ({problem})",
+                            hint="every expert of one projection must share bits and group size "
+                                 "(check quantization_config's dynamic rules)")
+        return GroupQuantExperts.stack(parts)
     raise G906Error(f"tensor {name}: the experts' weights are stored in different types",
                     hint="every expert of one projection must share one storage type")
 

@@ -24,7 +24,9 @@ A QuantizedTensor is split along rows with select_rows (whole rows are whole blo
 row-parallel split along its columns must take whole quant blocks, else G906Error. A
 GroupQuantWeight (GPTQ / AWQ / compressed-tensors) likewise: any rows; columns only in whole
 quantization groups (any cut for a per-channel weight, none for an act-order one; the recipe
-refuses such a split before loading, g906.arch.hf_quant.tp_split_problems)."""
+refuses such a split before loading, g906.arch.hf_quant.tp_split_problems). Int4 MoE
+checkpoints store one module per expert: each expert's gate/up rows and down_proj columns are
+taken before the experts are stacked (the same group rule for down_proj, named per expert)."""
 
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ import torch
 
 from g906.arch.config import ModelConfig
 from g906.arch.tp import check_tp_size
-from g906.engine.weights import QuantizedExperts, QuantizedTensor
+from g906.engine.weights import GroupQuantExperts, QuantizedExperts, QuantizedTensor
 from g906.kernels.int4.weight import GroupQuantWeight
 from g906.errors import G906Error
 
@@ -226,6 +228,10 @@ def _take_experts(name: str, t, kind: str, idx: list[int], tp: int):
         if kind == "expert_rows":
             return t.select_rows(torch.as_tensor(idx, dtype=torch.long))
         return t.select_row_bytes(_block_bytes(name, t.qtype, t.shape[2], idx, tp), len(idx))
+    if isinstance(t, GroupQuantExperts):
+        if kind == "expert_rows":
+            return t.select_rows(torch.as_tensor(idx, dtype=torch.long))
+        return _group_quant_columns(name, t, idx, tp)
     dim = 1 if kind == "expert_rows" else 2
     if t.dim() != 3 or max(idx) >= t.shape[dim]:
         raise G906Error(f"tensor {name} has shape {list(t.shape)}, not the stacked experts [E, N, K] "
@@ -263,7 +269,7 @@ def _block_bytes(name: str, qtype: str, cols: int, idx: list[int], tp: int) -> t
     return torch.as_tensor([b * nbytes + j for b in blocks for j in range(nbytes)], dtype=torch.long)
 
 
-def _group_quant_columns(name: str, t: GroupQuantWeight, idx: list[int], tp: int) -> GroupQuantWeight:
+def _group_quant_columns(name: str, t, idx: list[int], tp: int):
     """Input features of a group-quantized row-parallel weight: one contiguous run of whole
     groups (and words)."""
     problem = (t.column_split_problem(idx[0], len(idx)) if _contiguous(idx)

@@ -30,7 +30,7 @@ from g906.engine.layers.linear import Linear
 from g906.engine.layers.norms import RMSNorm
 from g906.engine.layers.rotary import RotaryEmbedding
 from g906.engine.models.qwen35 import DecoderLayer
-from g906.engine.weights import QuantizedTensor
+from g906.engine.weights import QuantizedTensor, is_quantized
 from g906.errors import G906Error
 
 
@@ -69,7 +69,7 @@ class MTPBlock(nn.Module):
                                 hint="the MTP block does not match this model's config")
             mod, attr, spec = slot
             check_shape(name, tuple(t.shape), spec)
-            if isinstance(t, QuantizedTensor):
+            if is_quantized(t):       # GGUF blocks, int4/int8 groups, stacked experts of either
                 value = t if spec.quantizable else ops.dequantize_weight(t, spec.dtype or self.dtype).reshape(spec.shape)
                 value = value.to(self.device)
             else:

@@ -10,7 +10,8 @@ of one expert's pairs, gate and up in the same tile with their SwiGLU in the epi
 GEMM scales its rows by the routing weights and the k rows of a token are summed after.
 
 Weights: dense [E, N, K] (the model's dtype) or GGUF blocks of the fused types (uint8 [E, N,
-row_bytes], decoded 256 elements a step by linear/gguf_decode.py). fp32 accumulation; tl.dot
+row_bytes], decoded 256 elements a step by linear/gguf_decode.py); int4/int8 group-quantized
+experts (GPTQ / AWQ / compressed-tensors) take the kernels of int4.py. fp32 accumulation; tl.dot
 has a non-matrix-core lowering (gfx906)."""
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import triton
 import triton.language as tl
 
 from .._triton_util import empty, is_rocm
+from ..int4.experts import is_group_quant_experts
 from ..linear.gguf_decode import QTYPES, STEP_BYTES, _dequant_step
+from .common import GEMV_MAX_TOKENS, _dot_t
 from .sort import sort_by_expert
 
 FUSED_QTYPES = tuple(QTYPES)
-GEMV_MAX_TOKENS = 16
 
 
 @triton.jit
@@ -84,14 +86,6 @@ def _routed_down_kernel(h_ptr, w_ptr, ids_ptr, tw_ptr, y_ptr, N, K, sh, swe, swn
         acc += wt * _rows_dot(w_ptr, e * swe + nc * swn, h_ptr + p.to(tl.int64) * sh, K, QT, STEP_B,
                               BLOCK_N, BLOCK_K)
     tl.store(y_ptr + t.to(tl.int64) * sy + nn, acc.to(y_ptr.dtype.element_ty), mask=nmask)
-
-
-@triton.jit
-def _dot_t(a, b, acc, FP32: tl.constexpr):
-    """acc + a [M, K] @ b [N, K]^T."""
-    if FP32:
-        return acc + tl.dot(a, tl.trans(b), input_precision="ieee")
-    return acc + tl.dot(a, tl.trans(b.to(a.dtype)))
 
 
 @triton.jit
@@ -203,6 +197,10 @@ def supports(x, w_gate_up, w_down, topk_ids, topk_weights) -> bool:
     x's dtype (contiguous) or GGUF blocks of a fused type whose rows are whole 256-element steps."""
     if x.dim() != 2 or x.dtype not in (torch.float16, torch.float32) or not x.is_contiguous():
         return False
+    if is_group_quant_experts(w_gate_up) or is_group_quant_experts(w_down):
+        from .int4 import supports as int4_supports
+
+        return int4_supports(x, w_gate_up, w_down)
     for w in (w_gate_up, w_down):
         if isinstance(w, torch.Tensor):
             if w.dtype != x.dtype or not w.is_contiguous():
@@ -235,6 +233,10 @@ def moe_config(T, device, qtype: str | None = None) -> dict:
 
 
 def moe_experts(x, w_gate_up, w_down, topk_ids, topk_weights, **cfg):
+    if is_group_quant_experts(w_gate_up):     # GPTQ / AWQ / compressed-tensors experts (int4.py)
+        from .int4 import moe_experts as int4_moe_experts
+
+        return int4_moe_experts(x, w_gate_up, w_down, topk_ids, topk_weights, **cfg)
     T, H = x.shape
     k = topk_ids.shape[1]
     E, two_i, _ = w_gate_up.shape
