@@ -311,6 +311,8 @@ def g_dense(run: Run) -> None:
     P, O, P2 = run.P, run.O, run.P2
     done = []
     for key, label in DENSE:
+        if run.args.dense and key not in run.args.dense:
+            continue
         if run.elapsed() > run.args.budget_s:
             run.res["skipped"].append(f"{key}: time budget")
             continue
@@ -579,6 +581,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny shapes (a dry run of every path)")
     ap.add_argument("--groups", default=",".join(GROUPS), help="comma-separated, from: " + ", ".join(GROUPS))
     ap.add_argument("--budget-s", type=float, default=540.0, help="start no group after this many seconds")
+    ap.add_argument("--dense", default="", help="only these files of the dense group (e.g. 9b-q4_k,9b-q8_0)")
     ap.add_argument("--llama-bin", default=str(ROOT / ".llama" / "bin"))
     ap.add_argument("--llama-src", default=str(ROOT / ".llama" / "llama.cpp-src.tar.gz"))
     shm = Path("/dev/shm")
@@ -587,6 +590,7 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default=str(default_work), help="files, logs and the llama.cpp build")
     args = ap.parse_args(argv)
     args.groups = [g.strip() for g in args.groups.split(",") if g.strip()]
+    args.dense = [k.strip() for k in args.dense.split(",") if k.strip()]
     bad = [g for g in args.groups if g not in GROUPS]
     if bad:
         ap.error(f"unknown group(s) {', '.join(bad)}; choose from {', '.join(GROUPS)}")

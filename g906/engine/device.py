@@ -59,3 +59,18 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     if resolved not in (torch.float32, torch.float16, torch.bfloat16):
         raise G906Error(f"unsupported compute dtype {resolved}", hint="use float32, float16 or bfloat16")
     return resolved
+
+
+def auto_dtype_for(src, fmt: str, device: torch.device, dtype: str | torch.dtype) -> str | torch.dtype:
+    """'auto' for a model source: float16 on a GPU for GGUF files (unless their matrices are
+    BF16) and for int4/int8 checkpoints, whose fused kernels take fp16 activations (llama.cpp
+    computes these files in fp16 too); a bf16 compute dtype would send every quantized matmul
+    to the reference path. Anything else keeps resolve_dtype's device default."""
+    if not (isinstance(dtype, str) and dtype.strip().lower() == "auto") or device.type != "cuda":
+        return dtype
+    if fmt == "gguf":
+        file_type = getattr(src, "metadata", {}).get("general.file_type")
+        return "bfloat16" if file_type == 32 and torch.cuda.is_bf16_supported() else "float16"
+    if getattr(src, "quant", None) is not None:
+        return "float16"
+    return dtype

@@ -8,7 +8,7 @@ import time
 import torch
 
 from g906.arch.config import bound_positions
-from g906.engine.device import default_device, resolve_dtype
+from g906.engine.device import auto_dtype_for, default_device, resolve_dtype
 from g906.engine.kernel_errors import reported_as_g906_errors
 from g906.engine.sources import LoadedModel, open_source, tokenizer_and_template
 
@@ -43,8 +43,8 @@ def load_model(
     from g906.engine.models import model_class
 
     dev = torch.device(device) if device is not None else default_device()
-    cdtype = resolve_dtype(dtype, dev)
     src, fmt = open_source(str(source))
+    cdtype = resolve_dtype(auto_dtype_for(src, fmt, dev, dtype), dev)
     config = bound_positions(src.config(), max_model_len, source=str(source))
     t0 = time.perf_counter()
     model = model_class(config)(config, dtype=cdtype, device=dev, keep_mtp=keep_mtp)

@@ -179,3 +179,20 @@ def test_a_bad_kernel_choice_is_a_g906_error(monkeypatch):
     with pytest.raises(G906Error, match="G906_KERNELS='fastest' is not one of") as err:
         LLM("builtin:tiny-qwen35", device="cpu").generate(["hi"], SamplingParams(max_tokens=2))
     assert "G906_KERNELS=auto" in (err.value.hint or "")
+
+
+def test_auto_dtype_is_float16_on_gpus_for_gguf_and_int4_checkpoints():
+    """A bf16 compute dtype would send every quantized matmul of a GGUF or GPTQ model to the
+    reference path (the fused kernels take fp16 activations): 'auto' picks fp16 for them on a GPU."""
+    from types import SimpleNamespace
+
+    from g906.engine.device import auto_dtype_for
+
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    q4 = SimpleNamespace(metadata={"general.file_type": 15})
+    assert auto_dtype_for(q4, "gguf", gpu, "auto") == "float16"
+    assert auto_dtype_for(SimpleNamespace(metadata={}), "gguf", gpu, "auto") == "float16"
+    assert auto_dtype_for(SimpleNamespace(quant=object()), "hf", gpu, "auto") == "float16"
+    assert auto_dtype_for(SimpleNamespace(quant=None), "hf", gpu, "auto") == "auto"      # the device default
+    assert auto_dtype_for(q4, "gguf", gpu, "bfloat16") == "bfloat16"                    # asked for: kept
+    assert auto_dtype_for(q4, "gguf", cpu, "auto") == "auto"

@@ -454,7 +454,7 @@ def load_model_tp(source: str, *, tensor_parallel_size: int, dtype="auto", devic
                   keep_mtp: bool = False):
     """load_model for tensor_parallel_size > 1: a LoadedModel whose .model is a TPModel.
     `devices`: GPU indices, one per rank (default: consecutive from `device`)."""
-    from g906.engine.device import resolve_dtype
+    from g906.engine.device import auto_dtype_for, resolve_dtype
     from g906.engine.sources import LoadedModel, open_source, tokenizer_and_template
 
     tp = int(tensor_parallel_size)
@@ -469,6 +469,7 @@ def load_model_tp(source: str, *, tensor_parallel_size: int, dtype="auto", devic
         src, fmt = open_synthetic(source, cdtype, devs[0]), "synthetic"
     else:
         src, fmt = open_source(source)
+        cdtype = resolve_dtype(auto_dtype_for(src, fmt, devs[0], dtype), devs[0])
     config = bound_positions(src.config(), max_model_len, source=source)
     check_tp_size(config, tp)
     if devs[0].type == "cpu":
