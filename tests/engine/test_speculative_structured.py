@@ -21,7 +21,7 @@ from g906.engine.structured import StructuredOutputsParams as S
 from g906.engine.structured.mask import allocate, allowed
 
 from .conftest import random_prompt
-from .spec_models import markov_mtp_dir
+from .spec_models import MARKOV_EOS, markov_mtp_dir
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -30,21 +30,14 @@ MTP = [{"method": "mtp", "num_speculative_tokens": k} for k in (1, 2, 3)]
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string", "maxLength": 6}},
           "required": ["a", "b"], "additionalProperties": False}
-EOS = 442            # the test tokenizer's <|im_end|>
+EOS = MARKOV_EOS
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """The speculative tests' Markov model (MTP block included) with an end token its tokenizer
     has, so that llguidance can offer it."""
-    d = markov_mtp_dir(tmp_path_factory.mktemp("spec-structured"))
-    for name in ("config.json", "generation_config.json"):
-        f = d / name
-        if f.exists():
-            cfg = json.loads(f.read_text())
-            cfg["eos_token_id"] = EOS
-            f.write_text(json.dumps(cfg))
-    return d
+    return markov_mtp_dir(tmp_path_factory.mktemp("spec-structured"), eos_token_id=EOS)
 
 
 @pytest.fixture(scope="module")
