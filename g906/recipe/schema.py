@@ -91,7 +91,8 @@ class LimitsSection(_Strict):
     )
     max_num_seqs: int = Field(16, ge=1, le=4096, description="Most sequences decoded together.")
     max_num_batched_tokens: TokenCount = Field(
-        None, description='Most tokens in one engine step (bounds chunked prefill); an integer or "8k"-style text.'
+        None, description='Most tokens in one engine step (bounds chunked prefill); an integer or "8k"-style text, '
+        "at least max_num_seqs (a decode step takes one token per sequence). Unset: 2048, or max_num_seqs if larger."
     )
     gpu_memory_utilization: float = Field(
         0.9, gt=0.0, le=1.0, description="Fraction of each GPU's memory the engine may use."
