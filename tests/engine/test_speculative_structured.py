@@ -25,7 +25,7 @@ from .spec_models import MARKOV_EOS, markov_mtp_dir
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
-PROMPTS = [random_prompt(5, 1), random_prompt(23, 2), random_prompt(40, 3), random_prompt(9, 4)]
+PROMPTS = [random_prompt(5, 1), random_prompt(23, 2), random_prompt(40, 3), random_prompt(9, 4), random_prompt(14, 5)]
 MTP = [{"method": "mtp", "num_speculative_tokens": k} for k in (1, 2, 3)]
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string", "maxLength": 6}},
@@ -64,7 +64,9 @@ def constrained_params(max_tokens=28):
     return [SamplingParams(**g, structured_outputs=S(json=SCHEMA, disable_any_whitespace=True)),
             SamplingParams(**g, structured_outputs=S(regex="(ab|cd)+[0-9]{3,6}")),
             SamplingParams(**g, structured_outputs=S(choice=["alpha", "beta gamma", "delta"])),
-            SamplingParams(**g, ignore_eos=True)]                     # an unconstrained neighbour
+            SamplingParams(**g, ignore_eos=True),                     # an unconstrained neighbour
+            # logprobs: no drafts, one plain position per verify step, masked by the plain sampler
+            SamplingParams(**g, logprobs=1, structured_outputs=S(regex="[0-9]{4,8}z"))]
 
 
 @pytest.mark.parametrize("spec", MTP + [NGRAM], ids=["mtp1", "mtp2", "mtp3", "ngram"])
@@ -81,6 +83,7 @@ def test_constrained_greedy_equals_no_speculation(loaded, spec):
     json.loads(tok.decode([t for t in ref[0] if t != EOS]))      # the schema's object, complete
     assert re.fullmatch(r"(ab|cd)+[0-9]{3,6}", tok.decode([t for t in ref[1] if t != EOS]))
     assert tok.decode(ref[2]) in ("alpha", "beta gamma", "delta")
+    assert re.fullmatch(r"[0-9]{4,8}z", tok.decode([t for t in ref[4] if t != EOS]))
 
 
 def test_mtp_drafts_stay_inside_the_grammar(loaded):
