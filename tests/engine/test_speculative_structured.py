@@ -86,16 +86,24 @@ def test_constrained_greedy_equals_no_speculation(loaded, spec):
     assert re.fullmatch(r"[0-9]{4,8}z", tok.decode([t for t in ref[4] if t != EOS]))
 
 
-def test_mtp_drafts_stay_inside_the_grammar(loaded):
-    """The MTP drafter is masked like the target: with a schema whose every token is forced or
-    nearly so, nearly every draft is accepted."""
+def test_mtp_drafts_stay_inside_the_grammar(loaded, monkeypatch):
+    """The MTP drafter is masked like the target: with a grammar whose every token is forced or
+    nearly so, nearly every draft is accepted; the verify step reuses the drafter's masks (one
+    new mask per verify row, for the position after the last draft)."""
+    from g906.engine.structured.guide import Guide
+
     params = [SamplingParams(temperature=0.0, max_tokens=40,
                              structured_outputs=S(regex="(hello world ){3}done"))]
     ref, _ = run(loaded, PROMPTS[:1], params)
+    fills = []
+    fill = Guide.fill
+    monkeypatch.setattr(Guide, "fill", lambda self, *a, **kw: (fills.append(1), fill(self, *a, **kw))[1])
     got, eng = run(loaded, PROMPTS[:1], params, MTP[2])
     assert got == ref and loaded.tokenizer.decode(ref[0]).startswith("hello world hello world")
     st = eng.stats()
     assert st["spec_num_accepted_tokens"] >= 0.9 * st["spec_num_draft_tokens"] > 0, st
+    # the drafter's masks (at most one per draft) and one per verify row, plus the first token's
+    assert len(fills) <= st["spec_num_draft_tokens"] + st["spec_num_drafts"] + 4, (len(fills), st)
 
 
 def test_constraint_after_a_marker_and_logit_bias(loaded):

@@ -120,6 +120,9 @@ class SpecDecoder:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.metrics = SpecMetrics(self.k)
         self.drafts: dict[int, list[int]] = {}
+        # a constrained sequence's MTP drafting masks (position j: the mask after drafts[:j], or
+        # None where unconstrained), which the verify step reuses instead of computing them again
+        self.draft_masks: dict[int, list[torch.Tensor | None]] = {}
         self._done: _Done | None = None
         self.mtp = None
         if config.method == "mtp":
@@ -133,6 +136,7 @@ class SpecDecoder:
 
     def forget(self, seq_id: int) -> None:
         self.drafts.pop(seq_id, None)
+        self.draft_masks.pop(seq_id, None)
 
     def _budget(self, seq: Sequence, want: int) -> int:
         """How many drafts seq may verify: within k, the context and max_tokens (the step emits
@@ -163,8 +167,10 @@ class SpecDecoder:
         rows = 0                                 # grammar mask rows written so far
         budget = self.max_num_batched_tokens - len(batch.seqs)
         for s in on:
+            known = None
             if self.mtp is not None:
                 d = self.drafts.pop(s.seq_id, [])
+                known = self.draft_masks.pop(s.seq_id, None)
             else:
                 c = self.config
                 d = propose_ngram(s.token_ids, self._budget(s, self.k), c.prompt_lookup_min, c.prompt_lookup_max)
@@ -173,7 +179,7 @@ class SpecDecoder:
             if n and s.guide is not None:
                 p = s.params
                 allow = [not p.ignore_eos and s.num_output_tokens + j + 1 >= p.min_tokens for j in range(n + 1)]
-                n, flags = s.guide.speculate(d, self._bitmask(rows + n + 1), rows, allow)
+                n, flags = s.guide.speculate(d, self._bitmask(rows + n + 1), rows, allow, known)
                 if n:
                     masked[s.seq_id] = flags
                     rows += sum(flags)
@@ -331,6 +337,8 @@ class SpecDecoder:
                     want.append((j, n))
         if not want:
             return
+        for j, _ in want:
+            self.draft_masks.pop(seqs[j].seq_id, None)
         last = torch.tensor([cu[j + 1] - 1 for j, _ in want], dtype=torch.long, device=dev)
         h = out.index_select(0, last)
         toks = self._draft_tokens(self.model.compute_logits(h), [seqs[j] for j, _ in want], {})
@@ -365,7 +373,10 @@ class SpecDecoder:
             allow = not p.ignore_eos and s.num_output_tokens + len(d) + 1 >= p.min_tokens
             if s.guide.mask_after(d, self._bitmask(r + 1), r, allow_eos=allow):
                 guided.append(i)
+                self.draft_masks.setdefault(s.seq_id, []).append(self._mask_buf[r].clone())
                 r += 1
+            else:
+                self.draft_masks.setdefault(s.seq_id, []).append(None)
         if guided:
             logits = apply(logits, guided, self._mask_buf[:r])
         return logits.argmax(dim=-1)

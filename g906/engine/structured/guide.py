@@ -41,13 +41,15 @@ class Guide:
             if not v.any():           # the grammar is complete: the end is all that is left
                 v.copy_(saved)
 
-    def speculate(self, drafts: list[int], bitmask, row: int, allow_eos: list[bool]) -> tuple[int, list[bool]]:
+    def speculate(self, drafts: list[int], bitmask, row: int, allow_eos: list[bool],
+                  known: list | None = None) -> tuple[int, list[bool]]:
         """The masks of a verify step over `drafts`: for each position j (0..n, n the drafts kept)
         that is constrained, the next free row of `bitmask` from `row` on holds the mask after
         drafts[:j] (allow_eos[j] as in fill). The drafts end before the first one its position's
         mask forbids (the target never accepts it) and after one that completes the grammar (the
-        sequence ends there). Returns (n, whether each of the n + 1 positions is constrained);
-        the guide's state is unchanged."""
+        sequence ends there). known[j], where given: position j's mask already computed for these
+        drafts (a masked drafter's, with the same allow_eos), copied instead of computed. Returns
+        (n, whether each of the n + 1 positions is constrained); the guide's state is unchanged."""
         active, recent, watch = self.active, list(self._recent), len(self.after_ids)
         consumed, flags, r, n = 0, [], row, len(drafts)
         try:
@@ -55,7 +57,10 @@ class Guide:
                 on = active and not self.matcher.is_stopped()
                 flags.append(on)
                 if on:
-                    self.fill(bitmask, r, allow_eos=allow_eos[j])
+                    if known is not None and j < len(known) and known[j] is not None:
+                        bitmask[r].copy_(known[j])
+                    else:
+                        self.fill(bitmask, r, allow_eos=allow_eos[j])
                     r += 1
                 if j == len(drafts):
                     break
