@@ -121,7 +121,13 @@ class LLMEngine:
         self.max_model_len = int(config.max_model_len or model_max)
         if explicit_len and self.max_model_len > model_max:
             log.warning("max_model_len %d exceeds the model's %d positions", self.max_model_len, model_max)
-        mbt = config.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+        if config.max_num_batched_tokens is not None and config.max_num_batched_tokens < config.max_num_seqs:
+            # a decode step of every running sequence takes one token each
+            raise G906Error(f"max_num_batched_tokens ({config.max_num_batched_tokens}) is below max_num_seqs "
+                            f"({config.max_num_seqs}): a decode step of every running sequence needs one token each",
+                            hint=f"set max_num_batched_tokens to at least {config.max_num_seqs}, or max_num_seqs "
+                                 f"to at most {config.max_num_batched_tokens}")
+        mbt = config.max_num_batched_tokens or max(DEFAULT_MAX_NUM_BATCHED_TOKENS, config.max_num_seqs)
         if not explicit_len:
             # default context: what the cache budget can hold for one sequence, at most the model's
             self.max_model_len = self._fit_len(mbt)

@@ -130,17 +130,29 @@ class Sampler:
         vals = vals.masked_fill(mask, float("-inf"))
         return torch.full_like(logits, float("-inf")).scatter(1, order, vals)
 
-    def distribution(self, logits: torch.Tensor, rows: list[SamplerRow]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(penalised logits, sampling probabilities) of each row, exactly as launch() computes
-        them before its draw: the argmax of the first is a greedy row's token; the second (None
-        when every row is greedy) has temperature, top-k, top-p and min-p applied. Speculative
-        verification (g906/engine/spec) samples from these."""
+    def distribution(self, logits: torch.Tensor, rows: list[SamplerRow],
+                     mask: "tuple[list[int], torch.Tensor] | None" = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(processed logits, sampling probabilities) of each row, exactly as launch() computes
+        them before its draw (logit bias, thinking budget, the structured-outputs mask, penalties):
+        the argmax of the first is a greedy row's token; the second (None when every row is
+        greedy) has temperature, top-k, top-p and min-p applied. Speculative verification
+        (g906/engine/spec) samples from these."""
         logits = logits.float()
         params = [r.params for r in rows]
-        x = self._penalize(logits, rows)
+        x = self._processed(logits, rows, mask)
         if all(p.greedy for p in params):
             return x, None
         return x, torch.softmax(self._filter(x, params), dim=-1)
+
+    def _processed(self, logits: torch.Tensor, rows: list[SamplerRow], mask) -> torch.Tensor:
+        """Every row's logits before temperature and the filters: bias, forced thinking end,
+        grammar mask, penalties (the input itself when none applies)."""
+        x = apply_thinking_budget(apply_logit_bias(logits, rows), rows)
+        if mask is not None and mask[0]:
+            from g906.engine.structured.mask import apply
+
+            x = apply(x, mask[0], mask[1])
+        return self._penalize(x, rows)
 
     def generator_for(self, row: SamplerRow) -> torch.Generator:
         """The generator row's random draws come from: its own when seeded, else the shared one."""
@@ -166,12 +178,7 @@ class Sampler:
         params = [r.params for r in rows]
         want_lp = [p.logprobs is not None for p in params]
         raw_lp = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
-        x = apply_thinking_budget(apply_logit_bias(logits, rows), rows)
-        if mask is not None and mask[0]:
-            from g906.engine.structured.mask import apply
-
-            x = apply(x, mask[0], mask[1])
-        x = self._penalize(x, rows)
+        x = self._processed(logits, rows, mask)
         if x is not logits:                                # biased, masked or penalised: the given argmax is stale
             argmax = None
         if argmax is None and any(p.greedy for p in params):

@@ -12,6 +12,7 @@ import re
 from typing import Any, NamedTuple
 
 from g906.recipe import registry
+from g906.recipe.tokens import parse_token_count
 
 
 class Problem(NamedTuple):
@@ -67,6 +68,22 @@ def cross_field_problems(data: Any) -> list[Problem]:
                  f"parallel.tensor_parallel_size {where} {tp}",
                  f"set tensor_parallel_size = {len(devices)}, or list {tp} device{'s' if tp != 1 else ''}")
             )
+
+    # -- limits -----------------------------------------------------------------
+    limits = _table(data, "limits")
+    seqs = limits.get("max_num_seqs", 16)
+    try:
+        mbt = parse_token_count(limits["max_num_batched_tokens"]) if limits.get("max_num_batched_tokens") is not None else None
+    except ValueError:
+        mbt = None                              # the field's own check names it
+    if mbt is not None and mbt >= 1 and _is_int(seqs) and seqs >= 1 and mbt < seqs:
+        where = "is" if "max_num_seqs" in limits else "defaults to"
+        out.append(
+            Problem(("limits", "max_num_batched_tokens"),
+                    f"limits.max_num_batched_tokens ({mbt}) is below limits.max_num_seqs, which {where} {seqs}: "
+                    "a decode step of every running sequence takes one token each",
+                    f"set max_num_batched_tokens to at least {seqs}, or max_num_seqs to at most {mbt}")
+        )
 
     # -- env --------------------------------------------------------------------
     env = data.get("env") if isinstance(data, dict) else None

@@ -19,26 +19,11 @@ from pydantic import (
     model_validator,
 )
 
+from g906.recipe.tokens import parse_token_count
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
-
-
-_LEN_RE = re.compile(r"^\s*(\d+)\s*([kKmM]?)\s*$")
-
-
-def parse_token_count(value: int | str) -> int:
-    """128, "8k", "32K" -> tokens (k = 1024, as vLLM and llama.cpp users write it)."""
-    if isinstance(value, bool):
-        raise ValueError("expected a whole number of tokens or a string such as \"32k\"")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        m = _LEN_RE.match(value)
-        if m:
-            scale = {"": 1, "k": 1024, "m": 1024 * 1024}[m.group(2).lower()]
-            return int(m.group(1)) * scale
-    raise ValueError(f"expected a whole number of tokens or a string such as \"32k\", got {value!r}")
 
 
 # The JSON Schema of a token count: what an editor should accept (the model stores an int).
@@ -106,7 +91,8 @@ class LimitsSection(_Strict):
     )
     max_num_seqs: int = Field(16, ge=1, le=4096, description="Most sequences decoded together.")
     max_num_batched_tokens: TokenCount = Field(
-        None, description='Most tokens in one engine step (bounds chunked prefill); an integer or "8k"-style text.'
+        None, description='Most tokens in one engine step (bounds chunked prefill); an integer or "8k"-style text, '
+        "at least max_num_seqs (a decode step takes one token per sequence). Unset: 2048, or max_num_seqs if larger."
     )
     gpu_memory_utilization: float = Field(
         0.9, gt=0.0, le=1.0, description="Fraction of each GPU's memory the engine may use."

@@ -18,13 +18,17 @@ from .conftest import build_tiny_qwen35, tiny_text_config_kwargs
 from .gguf_writer import random_mtp_tensors
 from .qwen_tokenizer import save_hf_tokenizer
 
+MARKOV_EOS = 442          # the test tokenizer's <|im_end|>
 _SCALED = ("o_proj.weight", "out_proj.weight", "down_proj.weight")
 
 
-def markov_mtp_dir(d: Path, *, seed: int = 3, scale: float = 0.1) -> Path:
+def markov_mtp_dir(d: Path, *, seed: int = 3, scale: float = 0.1, eos_token_id: int | None = None) -> Path:
+    """eos_token_id: the model's end token (default: the tiny models' last id, which the test
+    tokenizer lacks; structured outputs need one it has, e.g. MARKOV_EOS)."""
     from safetensors.torch import load_file, save_file
 
-    m = build_tiny_qwen35(seed=seed, mtp_num_hidden_layers=1)
+    extra = {} if eos_token_id is None else {"eos_token_id": eos_token_id}
+    m = build_tiny_qwen35(seed=seed, mtp_num_hidden_layers=1, **extra)
     with torch.no_grad():
         for name, p in m.named_parameters():
             if name.endswith(_SCALED):

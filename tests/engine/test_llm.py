@@ -205,3 +205,29 @@ def test_llm_takes_a_model_source_not_a_plan():
     with pytest.raises(G906Error) as e:
         LLM(object())
     assert "model source" in e.value.message and "llm_from_plan" in e.value.hint
+
+
+def test_batched_tokens_below_max_num_seqs_is_refused(llm):
+    """A decode step of every running sequence takes one token each: a token budget below
+    max_num_seqs is refused at construction (as vLLM does), not by a tensor size mismatch mid-run;
+    a budget equal to it runs such a step; unset, the budget is at least max_num_seqs."""
+    from g906 import LLM
+    from g906.engine.llm_engine import EngineConfig, LLMEngine
+    from g906.errors import G906Error
+
+    loaded = llm.engine.loaded
+    with pytest.raises(G906Error, match=r"max_num_batched_tokens \(2\) is below max_num_seqs \(3\)") as ei:
+        LLMEngine(loaded, EngineConfig(max_num_seqs=3, max_num_batched_tokens=2, num_kv_blocks=64))
+    assert "at least 3" in ei.value.hint
+    with pytest.raises(G906Error, match="is below max_num_seqs"):
+        LLM("builtin:tiny-qwen35", max_num_seqs=3, max_num_batched_tokens=2)
+    eng = LLMEngine(loaded, EngineConfig(max_num_seqs=3, max_num_batched_tokens=3, num_kv_blocks=64))
+    for i in range(3):
+        eng.add_request(f"r{i}", [5 + i, 9, 11], SamplingParams(max_tokens=4, **GREEDY))
+    got = {f"r{i}": [] for i in range(3)}
+    while eng.has_unfinished_requests():
+        for o in eng.step():
+            got[o.request_id] += o.new_token_ids
+    assert all(len(v) == 4 for v in got.values())
+    eng = LLMEngine(loaded, EngineConfig(max_num_seqs=2100, num_kv_blocks=64))
+    assert eng.max_num_batched_tokens == 2100

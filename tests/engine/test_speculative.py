@@ -303,13 +303,14 @@ def test_llm_constructor(markov_gguf, tmp_path):
     assert math.isfinite(llm.engine.stats()["spec_mean_acceptance_length"])
 
 
-def test_plain_only_requests_run_as_ordinary_steps(loaded_gguf):
-    """A logit bias (like a grammar's mask or a thinking budget) is the plain sampler's: a batch
-    holding such a request runs as an ordinary step, and outputs equal those without speculation.
-    The prefix cache stays on beside speculation."""
+def test_logit_bias_requests_speculate(loaded_gguf):
+    """A logit bias applies at every verify position: a batch holding such a request still
+    speculates, and outputs equal those without speculation (test_speculative_structured.py has
+    grammars and the thinking budget). The prefix cache stays on beside speculation."""
     biased = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logit_bias={7: 100.0})
     params = [SamplingParams(**GREEDY), biased, SamplingParams(**GREEDY)]
     ref, plain = run(loaded_gguf, PROMPTS, params)
     got, eng = run(loaded_gguf, PROMPTS, params, NGRAM)
     assert got == ref and got[1] == [7] * 12
+    assert eng.stats()["spec_num_accepted_tokens"] > 0
     assert plain.prefix is not None and eng.prefix is not None

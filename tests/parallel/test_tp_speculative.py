@@ -1,7 +1,7 @@
 """Speculative decoding over a TP=2 model (gloo): the MTP block runs whole on rank 0 with the
 vocab-parallel embedding and LM head; every rank rolls its linear-attention heads back after a
 verify step. Greedy outputs equal those without speculation, on GGUF and HF weights, and with
-the prefix cache over a multi-turn workload."""
+the prefix cache over a multi-turn workload, and with structured outputs."""
 
 from __future__ import annotations
 
@@ -70,5 +70,39 @@ def test_tp2_speculation_with_the_prefix_cache_equals_plain(sources):
         assert s["prefix_cache_hit_tokens"] > 0 and s["spec_num_accepted_tokens"] > 0
         assert s["prefix_snapshots_saved"] > 0 and any(cached[f"turn{i}"] for i in range(1, 5))
         assert_no_leaks(eng)
+    finally:
+        loaded.model.close()
+
+
+def test_tp2_constrained_speculation_equals_plain(tmp_path_factory):
+    """Structured outputs under speculation at TP=2: the masks (drafter's and verify step's) are
+    applied on rank 0's gathered logits; outputs equal those without speculation."""
+    from g906.engine.parallel import load_model_tp
+    from g906.engine.structured import StructuredOutputsParams as S
+    from tests.engine.spec_models import MARKOV_EOS
+
+    d = markov_mtp_dir(tmp_path_factory.mktemp("tp-spec-structured"), eos_token_id=MARKOV_EOS)
+    loaded = load_model_tp(str(d), tensor_parallel_size=2, dtype="float32", device="cpu", progress=False,
+                           keep_mtp=True)
+
+    def run(spec):
+        eng = LLMEngine(loaded, EngineConfig(max_num_batched_tokens=16, max_model_len=256, num_kv_blocks=64,
+                                             speculative=spec))
+        cons = [S(regex="(ab|cd)+[0-9]{3,6}"), S(json={"type": "object", "properties": {"a": {"type": "integer"}},
+                                                       "required": ["a"]}, disable_any_whitespace=True)]
+        for i, c in enumerate(cons):
+            eng.add_request(f"r{i}", random_prompt(7 + 9 * i, 5 + i),
+                            SamplingParams(temperature=0.0, max_tokens=24, structured_outputs=c))
+        out = {"r0": [], "r1": []}
+        while eng.has_unfinished_requests():
+            for o in eng.step():
+                out[o.request_id] += o.new_token_ids
+        return [out["r0"], out["r1"]], eng.stats()
+
+    try:
+        ref, _ = run(None)
+        got, st = run({"method": "mtp", "num_speculative_tokens": 2})
+        assert got == ref
+        assert st["spec_num_accepted_tokens"] > 0, st
     finally:
         loaded.model.close()

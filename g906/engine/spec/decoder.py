@@ -16,9 +16,12 @@ prefill steps are the runner's.
 
 Per request, speculation is off where it cannot apply: logprobs asked for (rejected positions
 have none to return) and prompts with images (M-RoPE positions). Such sequences ride in verify
-steps with no drafts, sampled by the plain sampler. A step holding a request whose sampling a
-verify step does not reproduce (structured outputs, logit bias, a thinking budget) runs as an
-ordinary step.
+steps with no drafts, sampled by the plain sampler. Every verify position is sampled as the plain
+sampler would sample it there: logit bias at each position, the thinking budget's forced end tag
+from the output plus the drafts before it, and for structured outputs the grammar's mask after
+the drafts before it (Guide.speculate: the matcher consumes the drafts and rolls back; the
+drafts end before the first one the grammar forbids). The matcher then advances over the
+emitted tokens only, as the engine takes them.
 
 With the prefix cache (g906/engine/prefix_cache.py): a step's restores are copied before its
 forward and a prefill step's saves after it, as the runner does; a verify step's planned
@@ -117,6 +120,9 @@ class SpecDecoder:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.metrics = SpecMetrics(self.k)
         self.drafts: dict[int, list[int]] = {}
+        # a constrained sequence's MTP drafting masks (position j: the mask after drafts[:j], or
+        # None where unconstrained), which the verify step reuses instead of computing them again
+        self.draft_masks: dict[int, list[torch.Tensor | None]] = {}
         self._done: _Done | None = None
         self.mtp = None
         if config.method == "mtp":
@@ -128,16 +134,9 @@ class SpecDecoder:
     def enabled(seq: Sequence) -> bool:
         return seq.params.logprobs is None and seq.mm is None
 
-    @staticmethod
-    def plain_only(seq: Sequence) -> bool:
-        """A request whose sampling a verify step does not reproduce (a grammar's masks, a logit
-        bias, a thinking budget, named logprob ids): its batch runs as an ordinary step."""
-        p = seq.params
-        return (seq.guide is not None or bool(p.logit_bias) or p.thinking_token_budget is not None
-                or bool(p.logprob_token_ids))
-
     def forget(self, seq_id: int) -> None:
         self.drafts.pop(seq_id, None)
+        self.draft_masks.pop(seq_id, None)
 
     def _budget(self, seq: Sequence, want: int) -> int:
         """How many drafts seq may verify: within k, the context and max_tokens (the step emits
@@ -159,25 +158,50 @@ class SpecDecoder:
     def run(self, batch: ScheduledBatch) -> SpecResult | None:
         """Run `batch` speculatively; None when it is an ordinary step for the runner."""
         on = [s for s in batch.seqs if self.enabled(s)]
-        if not on or any(self.plain_only(s) for s in batch.seqs):
+        if not on:
             return None
         if batch.is_prefill:
             return self._prefill(batch) if self.mtp is not None else None
         drafts: dict[int, list[int]] = {}
+        masked: dict[int, list[bool]] = {}
+        rows = 0                                 # grammar mask rows written so far
         budget = self.max_num_batched_tokens - len(batch.seqs)
         for s in on:
+            known = None
             if self.mtp is not None:
                 d = self.drafts.pop(s.seq_id, [])
+                known = self.draft_masks.pop(s.seq_id, None)
             else:
                 c = self.config
                 d = propose_ngram(s.token_ids, self._budget(s, self.k), c.prompt_lookup_min, c.prompt_lookup_max)
             n = self._cover(s, min(self._budget(s, len(d)), budget), 0)
+            d = d[:n]
+            if n and s.guide is not None:
+                p = s.params
+                allow = [not p.ignore_eos and s.num_output_tokens + j + 1 >= p.min_tokens for j in range(n + 1)]
+                n, flags = s.guide.speculate(d, self._bitmask(rows + n + 1), rows, allow, known)
+                if n:
+                    masked[s.seq_id] = flags
+                    rows += sum(flags)
             if n:
                 drafts[s.seq_id] = d[:n]
                 budget -= n
         if not drafts and self.mtp is None:
             return None
-        return self._verify(batch, drafts)
+        return self._verify(batch, drafts, masked, rows)
+
+    def _bitmask(self, rows: int) -> torch.Tensor:
+        """The verify step's grammar-mask buffer, at least `rows` rows (grown, never shrunk: its
+        rows are filled in order while a step's drafts are planned)."""
+        from g906.engine.structured.mask import allocate
+
+        buf = getattr(self, "_mask_buf", None)
+        if buf is None or buf.shape[0] < rows:
+            new = allocate(max(rows, (self.k + 1) * self.runner.max_num_seqs), int(self.runner.config.vocab_size))
+            if buf is not None:
+                new[: buf.shape[0]].copy_(buf)
+            buf = self._mask_buf = new
+        return buf
 
     def _forward(self, batch: ScheduledBatch, keep: bool):
         if batch.restores:                  # prefix-cache hits of the sequences it admits
@@ -196,14 +220,16 @@ class SpecDecoder:
         if sampling:
             last = torch.as_tensor([int(cu[i + 1]) - 1 for i in sampling], dtype=torch.long, device=hidden.device)
             logits = self.model.compute_logits(hidden.index_select(0, last))
-            got, lps = self.runner.sampler.launch(logits, [sampler_row(batch.seqs[i]) for i in sampling]).result()
+            got, lps = self.runner.sampler.launch(logits, [sampler_row(batch.seqs[i]) for i in sampling],
+                                                  mask=self.runner._masks(batch, sampling)).result()
             for i, t, lp in zip(sampling, got, lps):
                 tokens[batch.seqs[i].seq_id] = [(t, lp)]
         self._done = _Done(hidden, list(batch.seqs), [int(c) for c in cu[:-1]],
                            [s.num_cached_tokens for s in batch.seqs], list(batch.num_new_tokens))
         return SpecResult({s.seq_id: n for s, n in zip(batch.seqs, batch.num_new_tokens)}, tokens)
 
-    def _verify(self, batch: ScheduledBatch, drafts: dict[int, list[int]]) -> SpecResult:
+    def _verify(self, batch: ScheduledBatch, drafts: dict[int, list[int]], masked: dict[int, list[bool]],
+                mask_rows: int) -> SpecResult:
         seqs = batch.seqs
         chunks = [1 + len(drafts.get(s.seq_id, ())) for s in seqs]
         for s in seqs:                   # the drafts stand as the sequence's next tokens while
@@ -219,18 +245,19 @@ class SpecDecoder:
         vrows, plain = [], []
         for i, s in enumerate(seqs):
             if s.seq_id in drafts:
-                vrows.append((i, VerifyRow(sampler_row(s), offsets[i], drafts[s.seq_id])))
+                vrows.append((i, VerifyRow(sampler_row(s), offsets[i], drafts[s.seq_id], masked.get(s.seq_id))))
             else:
                 plain.append(i)
         tokens: dict[int, list] = {}
         if vrows:
-            for (i, v), toks in zip(vrows, verify(self.runner.sampler, logits, [v for _, v in vrows])):
+            bitmask = self._mask_buf[:mask_rows] if mask_rows else None
+            for (i, v), toks in zip(vrows, verify(self.runner.sampler, logits, [v for _, v in vrows], bitmask)):
                 tokens[seqs[i].seq_id] = [(t, None) for t in toks]
                 self.metrics.add(len(v.drafts), len(toks) - 1)
         if plain:
             idx = torch.tensor([offsets[i] for i in plain], dtype=torch.long, device=logits.device)
-            got, lps = self.runner.sampler.launch(logits.index_select(0, idx),
-                                                  [sampler_row(seqs[i]) for i in plain]).result()
+            got, lps = self.runner.sampler.launch(logits.index_select(0, idx), [sampler_row(seqs[i]) for i in plain],
+                                                  mask=self.runner._masks(batch, plain)).result()
             for i, t, lp in zip(plain, got, lps):
                 tokens[seqs[i].seq_id] = [(t, lp)]
         advance = [len(tokens[s.seq_id]) for s in seqs]
@@ -310,9 +337,11 @@ class SpecDecoder:
                     want.append((j, n))
         if not want:
             return
+        for j, _ in want:
+            self.draft_masks.pop(seqs[j].seq_id, None)
         last = torch.tensor([cu[j + 1] - 1 for j, _ in want], dtype=torch.long, device=dev)
         h = out.index_select(0, last)
-        toks = self.model.compute_logits(h).argmax(dim=-1)
+        toks = self._draft_tokens(self.model.compute_logits(h), [seqs[j] for j, _ in want], {})
         drafts = {seqs[j].seq_id: [t] for (j, _), t in zip(want, toks.tolist())}
         for step in range(1, max(n for _, n in want)):
             sub = [r for r, (_, n) in enumerate(want) if n > step]
@@ -324,11 +353,33 @@ class SpecDecoder:
             ctx = self._ctx(ss, p, list(range(len(ss) + 1)), p, prefill=False)
             h = self.mtp(self.model.embed(toks.index_select(0, sel)), h.index_select(0, sel),
                          torch.tensor(p, dtype=torch.long, device=dev), ctx, step)
-            toks = self.model.compute_logits(h).argmax(dim=-1)
+            toks = self._draft_tokens(self.model.compute_logits(h), ss, drafts)
             for s, t in zip(ss, toks.tolist()):
                 drafts[s.seq_id].append(t)
             want = [want[r] for r in sub]
         self.drafts.update(drafts)
+
+    def _draft_tokens(self, logits: torch.Tensor, seqs: list[Sequence], drafts: dict[int, list[int]]) -> torch.Tensor:
+        """The drafter's argmax per row; a constrained sequence's within its grammar's mask after
+        its drafts so far, so that its drafts are ones the target may accept."""
+        from g906.engine.structured.mask import apply
+
+        guided, r = [], 0
+        for i, s in enumerate(seqs):
+            if s.guide is None:
+                continue
+            d = drafts.get(s.seq_id, [])
+            p = s.params
+            allow = not p.ignore_eos and s.num_output_tokens + len(d) + 1 >= p.min_tokens
+            if s.guide.mask_after(d, self._bitmask(r + 1), r, allow_eos=allow):
+                guided.append(i)
+                self.draft_masks.setdefault(s.seq_id, []).append(self._mask_buf[r].clone())
+                r += 1
+            else:
+                self.draft_masks.setdefault(s.seq_id, []).append(None)
+        if guided:
+            logits = apply(logits, guided, self._mask_buf[:r])
+        return logits.argmax(dim=-1)
 
     def _ctx(self, seqs: list[Sequence], pos: list[int], cu: list[int], starts: list[int], *,
              prefill: bool) -> ForwardContext:

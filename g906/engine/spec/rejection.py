@@ -2,8 +2,9 @@
 
 Every proposer here drafts deterministically (MTP argmax, n-gram lookup): the draft
 distribution q is one-hot at the draft d. With p_j the target's distribution at draft position
-j (penalties over the output so far plus the drafts before j, then temperature, top-k, top-p,
-min-p: the sampler's own processing), the standard rule accepts d_j with probability
+j (logit bias; the thinking budget's forced token and penalties over the output so far plus the
+drafts before j; the grammar's mask after those drafts; then temperature, top-k, top-p, min-p:
+the sampler's own processing), the standard rule accepts d_j with probability
 min(1, p_j(d_j) / q(d_j)) = p_j(d_j); at the first rejection the token is drawn from
 norm(max(p_j - q, 0)) = p_j without d_j, renormalised; when all k drafts are accepted a bonus
 token is drawn from p_k. The emitted tokens then follow the target's distribution exactly
@@ -29,6 +30,9 @@ class VerifyRow:
     row: SamplerRow                  # the sequence's sampler row (output_token_ids before the step)
     offset: int
     drafts: list[int]
+    # per position (len(drafts) + 1), whether a grammar masks it (structured outputs): the masked
+    # positions of all rows take the bitmask's rows in order; None: none is
+    masked: list[bool] | None = None
 
 
 def _position_rows(v: VerifyRow) -> list[SamplerRow]:
@@ -44,18 +48,24 @@ def _position_rows(v: VerifyRow) -> list[SamplerRow]:
     return out
 
 
-def verify(sampler: Sampler, logits: torch.Tensor, rows: list[VerifyRow]) -> list[list[int]]:
+def verify(sampler: Sampler, logits: torch.Tensor, rows: list[VerifyRow],
+           bitmask: torch.Tensor | None = None) -> list[list[int]]:
     """The tokens each sequence emits this step: its accepted drafts, then one more token.
-    logits: [T, V] of the step (T covers every row's positions)."""
+    logits: [T, V] of the step (T covers every row's positions); bitmask: the grammar masks of
+    the masked positions (VerifyRow.masked), one int32 row each, in order. A masked position's
+    distribution is the target's restricted to its mask, as the plain sampler's is, so a draft
+    outside it is never accepted."""
     if not rows:
         return []
     dev = logits.device
-    index, prow = [], []
+    index, prow, masked = [], [], []
     for v in rows:
         index.extend(range(v.offset, v.offset + len(v.drafts) + 1))
+        if v.masked is not None:
+            masked.extend(len(prow) + j for j, on in enumerate(v.masked) if on)
         prow.extend(_position_rows(v))
     sel = logits.index_select(0, torch.tensor(index, dtype=torch.long, device=dev))
-    x, probs = sampler.distribution(sel, prow)
+    x, probs = sampler.distribution(sel, prow, (masked, bitmask) if masked else None)
     argmax = x.argmax(dim=-1).tolist()
     starts, at = [], 0
     for v in rows:
