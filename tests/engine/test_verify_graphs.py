@@ -80,6 +80,38 @@ def test_batch_sizes():
     assert verify_batch_sizes(7, 4, 4) == []
 
 
+def test_pool_estimate(random_lm):
+    """The cache budget sets aside the largest verify batch's kept states and logits."""
+    from g906.engine.spec.verify_graphs import pool_bytes_estimate
+
+    cfg = random_lm.config
+    assert pool_bytes_estimate(cfg, k=3, max_num_seqs=4, max_tokens=16, state_bytes_per_slot=1000) == \
+        4 * 1000 + 2 * 4 * 4 * cfg.vocab_size * 4
+    assert pool_bytes_estimate(cfg, k=3, max_num_seqs=64, max_tokens=2048, state_bytes_per_slot=1) == \
+        16 + 2 * 16 * 4 * cfg.vocab_size * 4           # verify graphs stop at 16 sequences
+    assert pool_bytes_estimate(cfg, k=8, max_num_seqs=4, max_tokens=8, state_bytes_per_slot=1) == 0
+
+
+def test_the_decoder_builds_them_on_the_padded_path(random_lm):
+    """A runner with decode graphs (the GPU's padded path) gets verify graphs of the configured k
+    over the same scratch block and slot, eager where the decode graphs are (enforce_eager, CPU);
+    a runner without them (CPU, tensor parallelism) gets none."""
+    from g906.engine.spec.decoder import SpecDecoder
+    from g906.engine.spec.verify_graphs import VerifyGraphs
+
+    from .padded_decode import padded_decode
+
+    eng = engine(random_lm, {"method": "ngram", "num_speculative_tokens": 2}, padded=False)
+    assert eng.spec.graphs is None
+    rg = padded_decode(eng, random_lm, max_num_seqs=4, max_model_len=512)[0]
+    eng.runner.graphs = rg
+    sd = SpecDecoder(eng.runner, eng.cache.blocks, eng.speculative, max_model_len=512, max_num_batched_tokens=16)
+    vg = sd.graphs
+    assert isinstance(vg, VerifyGraphs) and vg.k == 2 and not vg.use_graphs
+    assert (vg.scratch_block, vg.scratch_slot) == (rg.scratch_block, rg.scratch_slot)
+    assert vg.batch_sizes == [1, 2, 4] and vg.capture() == 0.0
+
+
 def _decoding(eng, prompts, first: int = 0):
     """Sequences of `prompts` prefilled and ready to decode (one uncached token each)."""
     for i, p in enumerate(prompts, start=first):
@@ -130,6 +162,29 @@ def _kv_at(cache, seqs, advance):
     slots = [s.block_table[p // bsz] * bsz + p % bsz for s in seqs
              for p in range(s.num_cached_tokens, s.num_cached_tokens + advance[s.seq_id])]
     return cache.kv.flatten(2, 3)[:, :, slots].clone()
+
+
+def test_capture_steps_touch_nothing_real(random_lm):
+    """What capture() and its check run (padding-only steps, two row layouts, and the rollback)
+    writes no KV block and no state slot but the scratch ones, and a layout's logits do not
+    depend on the one before."""
+    eng = engine(random_lm, {"method": "ngram", "num_speculative_tokens": 3}, padded=True)
+    _decoding(eng, PROMPTS[:2])
+    vg = eng.spec.graphs
+    cache = eng.runner.cache
+    kv, conv, ssm = cache.kv.clone(), cache.conv.clone(), cache.ssm.clone()
+    outs = []
+    for varied in (False, True, False):
+        vg._prepare_padding(4, varied=varied)
+        logits, greedy, hidden = vg._forward(4)
+        assert logits.shape[0] == hidden.shape[0] == 16
+        outs.append(logits.clone())
+        vg._rollback(4)
+    assert torch.equal(outs[0], outs[2])
+    others = [b for b in range(cache.num_blocks) if b != vg.scratch_block]
+    assert torch.equal(cache.kv[:, :, others], kv[:, :, others])
+    slots = [x for x in range(cache.num_state_slots) if x != vg.scratch_slot]
+    assert torch.equal(cache.conv[:, slots], conv[:, slots]) and torch.equal(cache.ssm[:, slots], ssm[:, slots])
 
 
 @pytest.mark.parametrize("bad", [0, 1, 2, 3, 4])

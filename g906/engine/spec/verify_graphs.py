@@ -39,7 +39,9 @@ the recurrence is a small part of the step. Prefix-cache snapshots inside the ac
 count varies.
 
 With use_graphs False (the CPU, enforce_eager, a failed capture) run and rollback compute the same
-padded step without a graph: how the CPU tests drive this file."""
+padded step without a graph: how the CPU tests drive this file. capture() checks its work as the
+prefill graphs do: each verify graph replayed on a second row layout must give the logits of an
+eager run of it, else verify graphs are turned off with a warning."""
 
 from __future__ import annotations
 
@@ -312,6 +314,9 @@ class VerifyGraphs:
                         self._rollback(bs)
                     self.graphs[bs] = (g, out, kept, gr)
                     step.advance(1)
+                    problem = self._check(bs, g, out)
+                    if problem:
+                        break
         except Exception as exc:            # out of memory, an op that syncs with the host...
             problem = f"{type(exc).__name__}: {exc}"
         torch.cuda.current_stream(dev).wait_stream(stream)
@@ -331,22 +336,35 @@ class VerifyGraphs:
                      self.k, self.batch_sizes, self.pool_bytes / 2**20, self.capture_seconds)
         return self.capture_seconds
 
-    def _prepare_padding(self, bs: int) -> None:
-        """A step of bs padding sequences only (what capture runs: nothing real is touched)."""
+    def _prepare_padding(self, bs: int, varied: bool = False) -> None:
+        """A step of bs padding sequences only (what capture runs: nothing real is touched);
+        varied: sequence i's first row holds i % (k+2) of its filler tokens, not none."""
         self._bs = bs
         cu = self._h_cu.numpy()
         self._h_tables.numpy()[: 2 * bs] = -1
         cu[:, 0] = 0
         for i in range(bs):
             off = i * self.width
-            self._filler(2 * i, off, 0)
-            self._filler(2 * i + 1, off, self.width)
-            cu[:, 2 * i + 1] = off
+            m = i % (self.width + 1) if varied else 0
+            self._filler(2 * i, off, m)
+            self._filler(2 * i + 1, off + m, self.width - m)
+            cu[:, 2 * i + 1] = off + m
             cu[:, 2 * i + 2] = off + self.width
         if self._copied is not None:
             self._copied.synchronize()
         self._upload(0, 2 * bs, self.cols)
         self._upload(1, 2 * bs, 1)
+
+    def _check(self, bs: int, graph, out) -> str | None:
+        """A replay on another row layout against an eager run of it (a value the capture froze
+        that should follow the inputs shows here); what differs, or None."""
+        self._prepare_padding(bs, varied=True)
+        logits, greedy, _ = self._forward(bs)
+        graph.replay()
+        for la in self.model.linear_attention_layers():
+            la._kept = None
+        same = torch.equal(torch.nan_to_num(logits), torch.nan_to_num(out[0])) and torch.equal(greedy, out[1])
+        return None if same else f"the {bs}-sequence verify graph's logits differ from eager ones"
 
     def describe(self) -> dict:
         return {"graphs": self.use_graphs, "k": self.k, "batch_sizes": self.batch_sizes if self.use_graphs else [],
