@@ -120,8 +120,8 @@ class VerifyGraphs:
         self.d_kept_rows = torch.arange(0, R, 2, dtype=torch.long, device=dev)   # the sequences' rows
         self._h_tab_c = torch.empty(R * self.cols, dtype=torch.int32, pin_memory=pin)  # contiguous upload window
         self._copied = torch.cuda.Event() if pin else None
-        self._kept_now: list | None = None    # the layers' kept inputs of the step just run
-        self._bs = 0                          # its padded batch size
+        self._bs = 0                          # the padded batch size of the step just run
+        self._dirty = (R, self.cols)          # the host tables' window that may hold entries >= 0
 
     # -- inputs ----------------------------------------------------------------------------------
     def can_run(self, seqs) -> bool:
@@ -155,7 +155,7 @@ class VerifyGraphs:
         lens, cached, sslots, init = self._h_row.numpy()
         cu = self._h_cu.numpy()[0]
         tables = self._h_tables.numpy()
-        tables[: 2 * bs] = -1
+        tables[: self._dirty[0], : self._dirty[1]] = -1
         cu[0] = 0
         cols = 1
         for i in range(bs):
@@ -181,7 +181,9 @@ class VerifyGraphs:
             cu[2 * i + 1] = off + m
             self._filler(2 * i + 1, off + m, W - m)
             cu[2 * i + 2] = off + W
-        self._upload(0, 2 * bs, max(cols, -(-W // bsz)))
+        cols = max(cols, -(-W // bsz))
+        self._dirty = (2 * bs, cols)
+        self._upload(0, 2 * bs, cols)
         return bs
 
     def _upload(self, which: int, rows: int, cols: int) -> None:
@@ -340,8 +342,11 @@ class VerifyGraphs:
         """A step of bs padding sequences only (what capture runs: nothing real is touched);
         varied: sequence i's first row holds i % (k+2) of its filler tokens, not none."""
         self._bs = bs
+        if self._copied is not None:
+            self._copied.synchronize()
         cu = self._h_cu.numpy()
-        self._h_tables.numpy()[: 2 * bs] = -1
+        self._h_tables.numpy()[: self._dirty[0], : self._dirty[1]] = -1
+        self._dirty = (2 * bs, max(1, -(-self.width // self.block_size)))
         cu[:, 0] = 0
         for i in range(bs):
             off = i * self.width
@@ -350,8 +355,6 @@ class VerifyGraphs:
             self._filler(2 * i + 1, off + m, self.width - m)
             cu[:, 2 * i + 1] = off + m
             cu[:, 2 * i + 2] = off + self.width
-        if self._copied is not None:
-            self._copied.synchronize()
         self._upload(0, 2 * bs, self.cols)
         self._upload(1, 2 * bs, 1)
 
