@@ -295,10 +295,11 @@ class VerifyGraphs:
         stream.wait_stream(torch.cuda.current_stream(dev))
         problem = None
         from g906.engine.progress import Step
-        from g906.kernels.pdl import graph_launches
 
+        # no programmatic dependent launch (g906/kernels/pdl.py), as in the prefill graphs: the
+        # rollback writes a layer's states right before the kernels that read them
         try:
-            with torch.cuda.stream(stream), graph_launches(), \
+            with torch.cuda.stream(stream), \
                     Step("Capturing verify graphs", total=len(self.batch_sizes), unit="graphs") as step:
                 pool = None
                 for bs in reversed(self.batch_sizes):
