@@ -29,9 +29,10 @@ accepted positions count as cached, so only their KV blocks are registered.
 Verify steps replay graphs where the runner has decode graphs (a GPU, a model that supports
 them): verify_graphs.py pads them to a static shape (k+1 token slots per sequence, padded batch
 sizes) and captures the forward with its LM head, and the linear-attention rollback, for each
-batch size; the rejection sampling between them runs on the host. Larger batches, sequences
-with images, and runners without decode graphs (the CPU, enforce_eager, tensor parallelism)
-run the same step eagerly, unpadded. Prefill steps and the MTP drafter run eagerly; every step
+batch size; the rejection sampling between them runs on the host (with enforce_eager, the
+same padded step without graphs, as decode steps do). Larger batches, sequences with images,
+and runners without the padded decode path (the CPU, tensor parallelism) run the step eagerly,
+unpadded. Prefill steps and the MTP drafter run eagerly; every step
 runs synchronously (no lookahead: drafts are made on the host from the step before's tokens).
 docs/engine.md says what that costs."""
 
