@@ -5,6 +5,7 @@ range peers report for MTP heads.
 
     python benchmarks/speculative.py --out "$OUT"                      # 9B Q4_K shape, batch 1
     python benchmarks/speculative.py --shape qwen3.5-9b --quant f16 --batch 8
+    python benchmarks/speculative.py --eager-verify                    # verify graphs on and off
     python benchmarks/speculative.py --quick --device cpu              # tiny shape, same code paths
 
 Random weights of the real shape (g906.bench.synthetic) plus a random MTP block of the
@@ -13,7 +14,9 @@ pays the linear-attention rollback: the measured verify cost is the worst case. 
 
   decode     engine.step() of the plain engine (graphs where the device has them)
   verify     the speculative engine's step minus drafting: k+1 positions per sequence through
-             the prefill path, logits of every position, rejection sampling, state rollback
+             the prefill path, logits of every position, rejection sampling, state rollback;
+             replayed from the verify graphs where the engine captures them (a GPU, batches up
+             to 16), as the engine runs it; --eager-verify also times it without them
   draft      the MTP block: catch-up over the accepted positions, k-1 autoregressive steps, k
              LM-head projections (n-gram drafting costs next to nothing: its rows are verify
              steps with k drafts every step, whatever the text)
@@ -70,11 +73,15 @@ def sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def measure(loaded, spec, *, batch: int, context: int, steps: int, dev: torch.device) -> dict:
-    """Seconds per step (and per part) of `steps` decode or verify steps at `context` tokens."""
+def measure(loaded, spec, *, batch: int, context: int, steps: int, dev: torch.device,
+            verify_graphs: bool = True) -> dict:
+    """Seconds per step (and per part) of `steps` decode or verify steps at `context` tokens.
+    verify_graphs False: verify steps run eagerly even where the engine captured verify graphs."""
     eng = LLMEngine(loaded, EngineConfig(max_num_seqs=max(batch, 1), max_model_len=context + steps * 8 + 64,
                                          max_num_batched_tokens=max(2048, context), speculative=spec,
                                          seed=0))
+    if eng.spec is not None and not verify_graphs:
+        eng.spec.graphs = None
     vocab = loaded.config.vocab_size
     for i in range(batch):
         eng.add_request(f"b{i}", [(31 * j + 7 * i) % vocab for j in range(context)],
@@ -106,6 +113,8 @@ def measure(loaded, spec, *, batch: int, context: int, steps: int, dev: torch.de
     out = {"step_ms": total * 1e3, "draft_ms": draft * 1e3, "verify_ms": (total - draft) * 1e3}
     if eng.spec is not None:
         out["acceptance"] = eng.spec.metrics.to_json()
+        vg = eng.spec.graphs
+        out["verify_graphs"] = vg is not None and vg.use_graphs and vg.num_replays > 0
     del eng
     return out
 
@@ -177,6 +186,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ks", default="1,2,3")
     ap.add_argument("--state-costs", action="store_true",
                     help="only time the ways to end the linear-attention state at the last accepted token")
+    ap.add_argument("--eager-verify", action="store_true",
+                    help="also time each row with the verify graphs off (the eager verify step)")
     ap.add_argument("--quick", action="store_true", help="a tiny shape and short lengths (CPU smoke run)")
     ap.add_argument("--out", default=os.environ.get("OUT"), help="directory or .json file for the results")
     args = ap.parse_args(argv)
@@ -205,8 +216,10 @@ def main(argv=None) -> int:
     res["decode_ms"] = base["step_ms"]
     print(f"{res['shape']} {args.quant} on {res['gpu'] or dev}, batch {args.batch}, context {args.context}")
     print(f"plain decode step: {base['step_ms']:.2f} ms")
-    print("| method | k | verify ms | x decode | draft ms | " + " | ".join(f"speedup a={a}" for a in ACCEPTANCE) + " |")
-    print("|---|---|---|---|---|" + "---|" * len(ACCEPTANCE))
+    eager_col = " eager verify ms | x decode |" if args.eager_verify else ""
+    print("| method | k | verify ms | graphs | x decode | draft ms |" + eager_col + " "
+          + " | ".join(f"speedup a={a}" for a in ACCEPTANCE) + " |")
+    print("|---|---|---|---|---|---|" + ("---|---|" if args.eager_verify else "") + "---|" * len(ACCEPTANCE))
     for method in ("mtp", "ngram"):
         for k in ks:
             spec = {"method": method, "num_speculative_tokens": k}
@@ -215,8 +228,15 @@ def main(argv=None) -> int:
             proj = {a: (1 - a ** (k + 1)) / (1 - a) * base["step_ms"] / cost for a in ACCEPTANCE}
             row = dict(method=method, k=k, **m, verify_x_decode=m["verify_ms"] / base["step_ms"],
                        projected_speedup={str(a): round(v, 3) for a, v in proj.items()})
+            extra = ""
+            if args.eager_verify:
+                e = measure(loaded, spec, batch=args.batch, context=args.context, steps=args.steps, dev=dev,
+                            verify_graphs=False)
+                row["eager_verify_ms"] = e["verify_ms"]
+                extra = f" {e['verify_ms']:.2f} | {e['verify_ms'] / base['step_ms']:.2f}x |"
             res["rows"].append(row)
-            print(f"| {method} | {k} | {m['verify_ms']:.2f} | {row['verify_x_decode']:.2f}x | {m['draft_ms']:.2f} | "
+            print(f"| {method} | {k} | {m['verify_ms']:.2f} | {'yes' if m['verify_graphs'] else 'no'} | "
+                  f"{row['verify_x_decode']:.2f}x | {m['draft_ms']:.2f} |{extra} "
                   + " | ".join(f"{v:.2f}x" for v in proj.values()) + " |")
     if args.out:
         p = Path(args.out)

@@ -197,8 +197,10 @@ def run_offline(engine, workload: Workload, *, on_progress: Callable[[int, int],
     runner = engine.runner
     graphs = getattr(runner, "graphs", None)
     pgraphs = getattr(runner, "prefill_graphs", None)
+    vgraphs = getattr(getattr(engine, "spec", None), "graphs", None)       # speculative verify graphs
     res["engine"] = dict(engine.describe(), graphs=graphs.describe() if graphs is not None else None,
-                         prefill_graphs=pgraphs.describe() if pgraphs is not None else None)
+                         prefill_graphs=pgraphs.describe() if pgraphs is not None else None,
+                         verify_graphs=vgraphs.describe() if vgraphs is not None else None)
     return res
 
 

@@ -35,6 +35,9 @@ class ForwardContext:
     # sequences' states from before the step and the step's inputs, so that rollback_linear_state
     # can end them at the last accepted token
     keep_linear_inputs: bool = False
+    # with keep_linear_inputs: the rows (int64) whose states before the step are kept; None: all
+    # (a padded verify step keeps its sequences' rows, not its filler rows')
+    kept_rows: torch.Tensor | None = None
 
     @property
     def num_seqs(self) -> int:

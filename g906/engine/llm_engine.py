@@ -141,6 +141,7 @@ class LLMEngine:
             prefix_snapshot_share=config.prefix_snapshot_share if use_prefix else 0.0,
             num_prefix_snapshots=config.num_prefix_snapshots if use_prefix else 0,
             extra_kv_bytes_per_block=self._mtp_kv_bytes(spec),
+            reserve_bytes=self._verify_graph_bytes(spec, mbt),
         )
         self.max_model_len = self.runner.max_model_len   # lowered to the cache when not explicit
         s = self.runner.sizing
@@ -185,6 +186,21 @@ class LLMEngine:
         cfg = getattr(self.loaded.model, "global_config", None) or self.model_config
         itemsize = torch_itemsize(_dtype_of(self.loaded.model))
         return mtp_kv_bytes_per_block(cfg, self.config.block_size, itemsize)
+
+    def _verify_graph_bytes(self, spec, mbt: int) -> int:
+        """Device bytes the speculative verify graphs' pool keeps (0 without speculation or graphs)."""
+        cfg = self.config
+        dev = str(self.loaded.info.get("device", "cpu"))
+        if spec is None or cfg.enforce_eager or not dev.startswith("cuda") \
+                or not getattr(self.loaded.model, "supports_cuda_graphs", True):
+            return 0
+        from g906.engine.cache import state_bytes_per_slot
+        from g906.engine.model_runner import _dtype_of
+        from g906.engine.spec.verify_graphs import pool_bytes_estimate
+
+        per_slot = state_bytes_per_slot(self.model_config, _dtype_of(self.loaded.model))
+        return pool_bytes_estimate(self.model_config, k=spec.num_speculative_tokens, max_num_seqs=cfg.max_num_seqs,
+                                   max_tokens=mbt, state_bytes_per_slot=per_slot)
 
     def _fit_len(self, mbt: int) -> int:
         """The model's context length, lowered to what a CPU KV budget can hold for one sequence."""

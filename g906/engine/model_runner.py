@@ -77,11 +77,12 @@ class ModelRunner:
                  num_kv_blocks: int | None = None, seed: int | None = None, fit_len: bool = False,
                  enforce_eager: bool = False, prefill_graph_tokens: int = DEFAULT_PREFILL_GRAPH_TOKENS,
                  prefix_snapshot_share: float = 0.0, num_prefix_snapshots: int | None = None,
-                 extra_kv_bytes_per_block: int = 0):
+                 extra_kv_bytes_per_block: int = 0, reserve_bytes: int = 0):
         """prefix_snapshot_share: the part of the cache budget given to prefix-cache state
         snapshots (0 and num_prefix_snapshots None: no snapshot pool); num_prefix_snapshots
         sets their count instead. extra_kv_bytes_per_block: KV bytes a block also holds for the
-        MTP block (speculative decoding)."""
+        MTP block (speculative decoding). reserve_bytes: device memory kept out of the cache
+        budget on a GPU for graphs captured beside the runner's (speculative verify graphs)."""
         self.loaded = loaded
         self.model = loaded.model
         self.config = loaded.config
@@ -94,6 +95,7 @@ class ModelRunner:
         self.fit_len = fit_len          # lower max_model_len to the cache instead of failing
         # KV bytes per block of caches beside the model's own (the MTP drafter's), in the budget
         self.extra_kv_bytes_per_block = int(extra_kv_bytes_per_block)
+        self.reserve_bytes = int(reserve_bytes)
         # GPU decode runs through g906/engine/cuda_graphs.py (graphs unless enforce_eager): one
         # more KV block and state slot than the block manager hands out, as the padding rows' scratch
         padded = self.device.type == "cuda" and getattr(self.model, "supports_cuda_graphs", True)
@@ -166,7 +168,7 @@ class ModelRunner:
                 act += int(1.25 * act * min(1.0, self.prefill_graph_tokens / self.max_num_batched_tokens))
             free, total = torch.cuda.mem_get_info(self.device)
             others = max(0, (total - free) - torch.cuda.memory_reserved(self.device))
-            budget = int(util * total) - weights - act - others - states
+            budget = int(util * total) - weights - act - others - states - self.reserve_bytes
             source = "gpu profile"
         else:
             weights, act = 0, 0

@@ -21,3 +21,20 @@ def padded_decode(eng, lm, *, max_num_seqs: int, max_model_len: int = 256, use_g
     graphs = DecodeGraphs(lm.model, cache, block_size=r.block_size, max_num_seqs=max_num_seqs,
                           max_model_len=max_model_len, scratch_block=sb, scratch_slot=ss, use_graphs=use_graphs)
     return graphs, cache, sb, ss
+
+
+def padded_speculation(eng, lm, *, max_num_seqs: int, max_model_len: int = 256, batch_sizes=None):
+    """padded_decode for a speculative engine: the runner decodes on the padded path and the
+    speculative decoder verifies through VerifyGraphs run eagerly (the GPU's call sites).
+    Returns the VerifyGraphs (None for an engine without speculation: decode only)."""
+    from g906.engine.spec.verify_graphs import VerifyGraphs
+
+    graphs, cache, sb, ss = padded_decode(eng, lm, max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+    eng.runner.graphs = graphs
+    spec = eng.spec
+    if spec is None:
+        return None
+    spec.graphs = VerifyGraphs(lm.model, cache, k=spec.k, block_size=eng.runner.block_size, max_num_seqs=max_num_seqs,
+                               max_model_len=max_model_len, max_tokens=spec.max_num_batched_tokens,
+                               scratch_block=sb, scratch_slot=ss, use_graphs=False, batch_sizes=batch_sizes)
+    return spec.graphs

@@ -126,9 +126,10 @@ class GatedDeltaNet(WeightHolder):
         """Before a verify step: the states of its sequences and the step's conv inputs and
         gates. Replaying the accepted prefix from these costs no projection (the GEMMs are the
         step's cost) and keeps one state copy per sequence instead of one per position."""
-        slots = ctx.state_slots.long()
+        rows = ctx.kept_rows
+        slots = ctx.state_slots.long() if rows is None else ctx.state_slots.long().index_select(0, rows)
         self._kept = (conv_state.index_select(0, slots), ssm_state.index_select(0, slots), qkv.clone(),
-                      a.clone(), b.clone(), ctx.cu_seqlens_q, ctx.state_slots, ctx.context_lens)
+                      a.clone(), b.clone(), ctx.cu_seqlens_q, ctx.state_slots, ctx.context_lens, rows)
 
     def rollback(self, keep: torch.Tensor, snaps: torch.Tensor | None = None) -> None:
         """End each sequence's state after its first keep[i] tokens of the kept verify step:
@@ -136,30 +137,65 @@ class GatedDeltaNet(WeightHolder):
         tokens again (exactly what a prefill of them computes). keep [B] int; a sequence that
         keeps all its tokens is left as the step wrote it. snaps [S, 3] int rows (i, n, slot):
         first write the state of sequence i after its first n tokens of the step into state
-        slot `slot` (a prefix-cache snapshot at a block boundary inside the accepted tokens)."""
+        slot `slot` (a prefix-cache snapshot at a block boundary inside the accepted tokens).
+        With ctx.kept_rows, sequence i is the step's row kept_rows[i]."""
         kept, self._kept = self._kept, None
         if kept is None:
             return
         cu_l = kept[5].tolist()
+        keep_l = [int(x) for x in keep.tolist()]
+        row = list(range(len(keep_l))) if kept[8] is None else kept[8].tolist()
         if snaps is not None and snaps.numel():
             rows = snaps.tolist()
-            self._replay(kept, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
-        keep_l = [int(x) for x in keep.tolist()]
-        redo = [i for i in range(len(keep_l)) if keep_l[i] < cu_l[i + 1] - cu_l[i]]
+            self._replay(kept, [row[r[0]] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
+                         [r[0] for r in rows])
+        redo = [i for i in range(len(keep_l)) if keep_l[i] < cu_l[row[i] + 1] - cu_l[row[i]]]
         if redo:
             slots_l = kept[6].tolist()
-            self._replay(kept, redo, [keep_l[i] for i in redo], [slots_l[i] for i in redo])
+            self._replay(kept, [row[i] for i in redo], [keep_l[i] for i in redo], [slots_l[row[i]] for i in redo],
+                         redo)
 
-    def _replay(self, kept, seqs: list[int], lens: list[int], dst: list[int]) -> None:
+    def snapshot(self, rows: list[tuple[int, int, int]], at: list[int]) -> None:
+        """rollback's snaps on their own, keeping the kept step for a rollback_padded after;
+        at[j]: where row rows[j][0]'s state is among the kept ones (ctx.kept_rows)."""
+        if self._kept is not None and rows:
+            self._replay(self._kept, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], at)
+
+    def rollback_padded(self, cu_keep: torch.Tensor, has_init: torch.Tensor) -> None:
+        """rollback with static shapes (capturable in a graph; g906/engine/spec/verify_graphs.py):
+        every row of the kept step gets its state from before the step back and replays its
+        tokens up to cu_keep[i + 1] (int32 [B+1], same token order as the step, each row's
+        boundary moved to its last kept token; the tokens cut off go to the next row, a filler
+        row of the scratch slot). Rows that keep all their tokens recompute the state the step
+        wrote (the same kernels on the same inputs)."""
+        kept, self._kept = self._kept, None
+        if kept is None:
+            return
+        conv0, ssm0, qkv, a, b, _, slots, ctx_lens, rows = kept
+        sl = slots.long() if rows is None else slots.long().index_select(0, rows)
+        self.conv_state.index_copy_(0, sl, conv0)
+        self.ssm_state.index_copy_(0, sl, ssm0)
+        x = ops.causal_conv1d_prefill(qkv, self.conv1d.weight, cu_keep, self.conv_state, slots, has_init, ctx_lens)
+        t = x.shape[0]
+        q, k, v = x.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        ops.gated_delta_rule_prefill(
+            q.reshape(t, self.num_k_heads, self.head_k_dim), k.reshape(t, self.num_k_heads, self.head_k_dim),
+            v.reshape(t, self.num_v_heads, self.head_v_dim), a, b, self.A_log, self.dt_bias, cu_keep,
+            self.ssm_state, slots, has_init, v_head_order=self.head_order,
+        )
+
+    def _replay(self, kept, seqs: list[int], lens: list[int], dst: list[int], at: list[int] | None = None) -> None:
         """Write into state slot dst[j] the state of kept sequence seqs[j] after its first
-        lens[j] tokens of the kept step: its state from before the step, then those tokens."""
-        conv0, ssm0, qkv, a, b, cu, _, ctx_lens = kept
+        lens[j] tokens of the kept step: its state from before the step, then those tokens.
+        at[j]: the index of its kept state (seqs[j] when every row's state is kept)."""
+        conv0, ssm0, qkv, a, b, cu, _, ctx_lens, _ = kept
         cu_l = cu.tolist()
         dev = qkv.device
         idx = torch.tensor(seqs, dtype=torch.long, device=dev)
+        sidx = idx if at is None else torch.tensor(at, dtype=torch.long, device=dev)
         sl = torch.tensor(dst, dtype=torch.long, device=dev)
-        self.conv_state.index_copy_(0, sl, conv0.index_select(0, idx))
-        self.ssm_state.index_copy_(0, sl, ssm0.index_select(0, idx))
+        self.conv_state.index_copy_(0, sl, conv0.index_select(0, sidx))
+        self.ssm_state.index_copy_(0, sl, ssm0.index_select(0, sidx))
         rows = [r for i, n in zip(seqs, lens) for r in range(cu_l[i], cu_l[i] + n)]
         if not rows:
             return

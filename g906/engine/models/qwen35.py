@@ -290,6 +290,23 @@ class Qwen35ForCausalLM(nn.Module):
             if layer.layer_type == "linear_attention":
                 layer.linear_attn.rollback(keep, snaps)
 
+    def linear_attention_layers(self) -> list:
+        return [layer.linear_attn for layer in self.model.layers if layer.layer_type == "linear_attention"]
+
+    @torch.inference_mode()
+    def snapshot_linear_state(self, snaps: list[tuple[int, int, int]], at: list[int]) -> None:
+        """rollback_linear_state's snaps (row, n, slot) alone, before a rollback_linear_state_padded;
+        at[j]: the index of snaps[j]'s row among the step's kept rows (ForwardContext.kept_rows)."""
+        for la in self.linear_attention_layers():
+            la.snapshot(snaps, at)
+
+    @torch.inference_mode()
+    def rollback_linear_state_padded(self, cu_keep: torch.Tensor, has_init: torch.Tensor) -> None:
+        """rollback_linear_state with static shapes, for a graph (GatedDeltaNet.rollback_padded):
+        cu_keep [B+1] int32, row i keeps the step's tokens cu_seqlens[i] .. cu_keep[i + 1]."""
+        for la in self.linear_attention_layers():
+            la.rollback_padded(cu_keep, has_init)
+
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         w = self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

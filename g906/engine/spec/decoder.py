@@ -29,8 +29,15 @@ snapshot is moved to the last block boundary its accepted tokens reach and the r
 replays the state there into the snapshot slot, so no snapshot holds a rejected draft. Only
 accepted positions count as cached, so only their KV blocks are registered.
 
-Steps run eagerly (no decode or prefill graphs) and synchronously (no lookahead): a verify step
-has a data-dependent shape per sequence. docs/engine.md says what that costs."""
+Verify steps replay graphs where the runner has decode graphs (a GPU, a model that supports
+them): verify_graphs.py pads them to a static shape (k+1 token slots per sequence, padded batch
+sizes) and captures the forward with its LM head, and the linear-attention rollback, for each
+batch size; the rejection sampling between them runs on the host (with enforce_eager, the
+same padded step without graphs, as decode steps do). Larger batches, sequences with images,
+and runners without the padded decode path (the CPU, tensor parallelism) run the step eagerly,
+unpadded. Prefill steps and the MTP drafter run eagerly; every step
+runs synchronously (no lookahead: drafts are made on the host from the step before's tokens).
+docs/engine.md says what that costs."""
 
 from __future__ import annotations
 
@@ -124,6 +131,16 @@ class SpecDecoder:
         # None where unconstrained), which the verify step reuses instead of computing them again
         self.draft_masks: dict[int, list[torch.Tensor | None]] = {}
         self._done: _Done | None = None
+        self.graphs = None           # VerifyGraphs (verify_graphs.py) on the runner's padded path
+        rg = runner.graphs
+        if rg is not None and self.k + 1 <= max_num_batched_tokens:
+            from g906.engine.spec.verify_graphs import VerifyGraphs
+
+            self.graphs = VerifyGraphs(self.model, runner.cache, k=self.k, block_size=runner.block_size,
+                                       max_num_seqs=rg.max_num_seqs, max_model_len=max_model_len,
+                                       max_tokens=max_num_batched_tokens, scratch_block=rg.scratch_block,
+                                       scratch_slot=rg.scratch_slot, use_graphs=rg.use_graphs)
+            self.graphs.capture()
         self.mtp = None
         if config.method == "mtp":
             self.mtp = build_mtp(self.model, runner.dtype, runner.device)
@@ -231,17 +248,24 @@ class SpecDecoder:
     def _verify(self, batch: ScheduledBatch, drafts: dict[int, list[int]], masked: dict[int, list[bool]],
                 mask_rows: int) -> SpecResult:
         seqs = batch.seqs
-        chunks = [1 + len(drafts.get(s.seq_id, ())) for s in seqs]
-        for s in seqs:                   # the drafts stand as the sequence's next tokens while
-            s.token_ids.extend(drafts.get(s.seq_id, ()))     # the step's inputs are written
-        try:
-            hidden = self._forward(ScheduledBatch(True, seqs, chunks, restores=batch.restores), True)
-        finally:
-            for s, n in zip(seqs, chunks):
-                if n > 1:
-                    del s.token_ids[1 - n:]
-        logits = self.model.compute_logits(hidden)
-        offsets = [int(c) for c in np.cumsum([0] + chunks)[:-1]]
+        graphs = self.graphs if self.graphs is not None and self.graphs.can_run(seqs) else None
+        if graphs is not None:
+            # padded static inputs, graph replay (verify_graphs.py)
+            if batch.restores:
+                self.runner.copy_states(batch.restores)
+            logits, hidden, offsets = graphs.run(seqs, [drafts.get(s.seq_id, []) for s in seqs])
+        else:
+            chunks = [1 + len(drafts.get(s.seq_id, ())) for s in seqs]
+            for s in seqs:                   # the drafts stand as the sequence's next tokens while
+                s.token_ids.extend(drafts.get(s.seq_id, ()))     # the step's inputs are written
+            try:
+                hidden = self._forward(ScheduledBatch(True, seqs, chunks, restores=batch.restores), True)
+            finally:
+                for s, n in zip(seqs, chunks):
+                    if n > 1:
+                        del s.token_ids[1 - n:]
+            logits = self.model.compute_logits(hidden)
+            offsets = [int(c) for c in np.cumsum([0] + chunks)[:-1]]
         vrows, plain = [], []
         for i, s in enumerate(seqs):
             if s.seq_id in drafts:
@@ -262,9 +286,12 @@ class SpecDecoder:
                 tokens[seqs[i].seq_id] = [(t, lp)]
         advance = [len(tokens[s.seq_id]) for s in seqs]
         snaps, copies = self._snapshots(batch, advance)
-        self.model.rollback_linear_state(torch.tensor(advance, dtype=torch.int32, device=hidden.device),
-                                         torch.tensor(snaps, dtype=torch.int32, device=hidden.device)
-                                         if snaps else None)
+        if graphs is not None:
+            graphs.rollback(advance, snaps)
+        else:
+            self.model.rollback_linear_state(torch.tensor(advance, dtype=torch.int32, device=hidden.device),
+                                             torch.tensor(snaps, dtype=torch.int32, device=hidden.device)
+                                             if snaps else None)
         if copies:
             self.runner.copy_states(copies)
         self._done = _Done(hidden, list(seqs), offsets, [s.num_cached_tokens for s in seqs], advance)
