@@ -215,7 +215,7 @@ def test_one_step_as_eager_and_rollback_exact(random_lm, bad):
 
     batch = ScheduledBatch(False, seqs, [1] * len(seqs))
     vg = eng.spec.graphs
-    padded = eng.spec._verify(batch, drafts)
+    padded = eng.spec._verify(batch, drafts, {}, 0)
     assert vg.num_eager == 1
     after = (cache.kv.clone(), cache.conv.clone(), cache.ssm.clone())
     kv_after = _kv_at(cache, seqs, padded.advance)
@@ -229,7 +229,7 @@ def test_one_step_as_eager_and_rollback_exact(random_lm, bad):
     # the eager verify step
     restore()
     eng.spec.graphs = None
-    eager = eng.spec._verify(batch, drafts)
+    eager = eng.spec._verify(batch, drafts, {}, 0)
     assert padded.tokens == eager.tokens and padded.advance == eager.advance
     for s in seqs:                                # the emitted tokens are the true continuation
         i, n = int(s.request_id[1:]), s.num_output_tokens
