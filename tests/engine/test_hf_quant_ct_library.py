@@ -3,7 +3,9 @@
 ModelCompressor pack-quantized, save_pretrained + update_config, as llm-compressor saves), of a
 tiny random Qwen3.5 (dense) and Qwen3.5 MoE: g906 loads what the library wrote, packed, and
 computes what transformers computes on the library's decompression of it (float32, CPU): logits
-and greedy continuations, token for token."""
+and greedy continuations, token for token. The dense model also in the multimodal form
+(Qwen3_5ForConditionalGeneration, model.language_model.* names, the vision tower in the ignore
+list, as the releases are quantized)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from g906.kernels.int4.weight import GroupQuantWeight  # noqa: E402
 from .conftest import (  # noqa: E402
     TinyRunner,
     build_tiny_qwen35,
+    build_tiny_qwen35_vl,
     build_tiny_qwen35moe,
     hf_greedy,
     hf_logits,
@@ -38,6 +41,9 @@ CASES = {
     "dense-w4a16-g32": (build_tiny_qwen35, 7, "W4A16", 32, ["lm_head"]),
     "dense-w4a16-asym-g32": (build_tiny_qwen35, 8, "W4A16_ASYM", 32,
                              ["lm_head", r"re:.*linear_attn\.in_proj_[ab]$"]),
+    # the multimodal form the releases use: model.language_model.* names, the vision tower ignored
+    "vl-w4a16-asym-g32": (lambda seed: build_tiny_qwen35_vl(build_tiny_qwen35(seed=seed)), 9, "W4A16_ASYM", 32,
+                          ["lm_head", "re:.*visual.*", r"re:.*linear_attn\.in_proj_[ab]$"]),
     # the ignore list of the Qwen3.5 MoE recipes: router, shared-expert gate, b/a, lm_head
     "moe-w4a16": (build_tiny_qwen35moe, 21, "W4A16", None,
                   ["lm_head", r"re:.*mlp\.gate$", r"re:.*shared_expert_gate$", r"re:.*linear_attn\.in_proj_[ab]$"]),
@@ -75,7 +81,7 @@ def test_the_library_wrote_it_and_g906_keeps_it_packed(written):
     assert any(k.endswith("weight_zero_point") for k in keys) == ("asym" in name)
 
     layer = lm.model.model.layers[0]
-    if name.startswith("dense"):
+    if not name.startswith("moe"):
         assert lm.info["quantized_tensors"] == n
         assert isinstance(layer.mlp.down_proj.weight, GroupQuantWeight)
         # in_proj_{qkv,z,b,a} stack by kind: one packed stack, or a packed and a 16-bit one
