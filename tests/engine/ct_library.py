@@ -27,6 +27,7 @@ import torch
 
 from compressed_tensors.compressors import ModelCompressor
 from compressed_tensors.quantization import (
+    QuantizationArgs,
     QuantizationConfig,
     apply_quantization_config,
     preset_name_to_scheme,
@@ -54,7 +55,8 @@ def _split_experts(model) -> list[str]:
     names."""
     names = []
     for name, mod in list(model.named_modules()):
-        if hasattr(mod, "gate_up_proj") and hasattr(mod, "down_proj") and name.endswith("mlp.experts"):
+        fused = hasattr(mod, "gate_up_proj") and hasattr(mod, "down_proj")
+        if fused and name.endswith("mlp.experts"):
             parent = model.get_submodule(name.rsplit(".", 1)[0])
             parent.experts = torch.nn.ModuleList(
                 _Expert(mod.gate_up_proj.data[e], mod.down_proj.data[e]) for e in range(mod.gate_up_proj.shape[0]))
@@ -82,22 +84,33 @@ def _minmax_qparams(model) -> int:
 
 
 def quantize_with_compressed_tensors(model, d: Path, *, preset: str, ignore: list[str],
-                                     group_size: int | None = None):
+                                     group_size: int | None = None, more: tuple = (),
+                                     fmt: str | None = "pack-quantized"):
     """Write d (config.json with the library's quantization_config, model.safetensors with its
-    packed tensors) from a copy of model, quantized by the library's preset scheme (W4A16:
-    symmetric, W4A16_ASYM: with zero points; groups of 128 unless group_size narrows them for
-    the tiny shapes) on every Linear but the ignored ones; returns (reference float32 model
-    holding the library-decompressed weights, the number of quantized modules)."""
+    tensors) from a copy of model. The library's preset scheme (W4A16: symmetric groups of 128;
+    W4A16_ASYM: with zero points; group_size narrows the groups for the tiny shapes, -1 asks
+    for the channel strategy) goes on every Linear but the ignored ones, and each
+    (preset, targets, group_size) of more on the modules its targets name (a named target wins
+    over "Linear"). fmt: the format the compressor is forced to; None lets the library infer
+    it from the scheme (int-quantized, float-quantized, nvfp4-pack-quantized, ...).
+    Returns (reference float32 model holding the library-decompressed weights, the number of
+    quantized modules)."""
     ref = copy.deepcopy(model).to(torch.float32)
     work = copy.deepcopy(model).to(torch.bfloat16)
     fused = _split_experts(work)
-    scheme = preset_name_to_scheme(preset, ["Linear"])
-    if group_size is not None:
-        scheme.weights = scheme.weights.model_copy(update={"group_size": group_size})
-    config = QuantizationConfig(config_groups={"group_0": scheme}, ignore=ignore)
+    groups = {}
+    for i, (name, targets, gs) in enumerate(((preset, ["Linear"], group_size), *more)):
+        scheme = preset_name_to_scheme(name, targets)
+        if gs == -1:             # one scale per output row
+            scheme.weights = QuantizationArgs(**{**scheme.weights.model_dump(), "strategy": "channel",
+                                                 "group_size": None})
+        elif gs is not None and scheme.weights.group_size is not None:
+            scheme.weights = scheme.weights.model_copy(update={"group_size": gs})
+        groups[f"group_{i}"] = scheme
+    config = QuantizationConfig(config_groups=groups, ignore=ignore)
     apply_quantization_config(work, config, show_progress=False)
     n = _minmax_qparams(work)
-    compressor = ModelCompressor.from_pretrained_model(work, quantization_format="pack-quantized")
+    compressor = ModelCompressor.from_pretrained_model(work, quantization_format=fmt)
     compressor.compress_model(work)
     d.mkdir(parents=True, exist_ok=True)
     if fused:

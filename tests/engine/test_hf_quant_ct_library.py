@@ -41,6 +41,9 @@ CASES = {
     "dense-w4a16-g32": (build_tiny_qwen35, 7, "W4A16", 32, ["lm_head"]),
     "dense-w4a16-asym-g32": (build_tiny_qwen35, 8, "W4A16_ASYM", 32,
                              ["lm_head", r"re:.*linear_attn\.in_proj_[ab]$"]),
+    # two config_groups: down_proj 8-bit per channel (a named target wins over "Linear")
+    "dense-w4a16-asym-g32+w8a16-channel-down": (build_tiny_qwen35, 11, "W4A16_ASYM", 32, ["lm_head"],
+                                                (("W8A16", [r"re:.*mlp\.down_proj$"], -1),)),
     # the multimodal form the releases use: model.language_model.* names, the vision tower ignored
     "vl-w4a16-asym-g32": (lambda seed: build_tiny_qwen35_vl(build_tiny_qwen35(seed=seed)), 9, "W4A16_ASYM", 32,
                           ["lm_head", "re:.*visual.*", r"re:.*linear_attn\.in_proj_[ab]$"]),
@@ -56,9 +59,10 @@ EXPERT = re.compile(r".*\.mlp\.experts\.\d+\.(gate|up|down)_proj$")
 
 @pytest.fixture(scope="module", params=list(CASES))
 def written(request, tmp_path_factory):
-    build, seed, preset, gs, ignore = CASES[request.param]
+    build, seed, preset, gs, ignore, *more = CASES[request.param]
     d = tmp_path_factory.mktemp(request.param)
-    ref, n = quantize_with_compressed_tensors(build(seed=seed), d, preset=preset, group_size=gs, ignore=ignore)
+    ref, n = quantize_with_compressed_tensors(build(seed=seed), d, preset=preset, group_size=gs, ignore=ignore,
+                                              more=more[0] if more else ())
     lm = load_model(str(d), dtype="float32", device="cpu", progress=False)
     return request.param, d, ref, n, lm
 
@@ -70,9 +74,10 @@ def test_the_library_wrote_it_and_g906_keeps_it_packed(written):
 
     assert qc["quant_method"] == "compressed-tensors" and qc["format"] == "pack-quantized"
     assert qc["version"] == compressed_tensors.__version__ and qc["quantization_status"] == "compressed"
-    (group,) = qc["config_groups"].values()
-    w = group["weights"]
+    groups = {tuple(g["targets"]): g["weights"] for g in qc["config_groups"].values()}
+    w = groups[("Linear",)]
     assert (w["num_bits"], w["strategy"], w["symmetric"]) == (4, "group", "ASYM" not in name.upper())
+    assert len(groups) == (2 if "+w8a16" in name else 1)
     from safetensors import safe_open
 
     with safe_open(str(d / "model.safetensors"), "pt") as f:
@@ -86,8 +91,14 @@ def test_the_library_wrote_it_and_g906_keeps_it_packed(written):
         assert isinstance(layer.mlp.down_proj.weight, GroupQuantWeight)
         # in_proj_{qkv,z,b,a} stack by kind: one packed stack, or a packed and a 16-bit one
         kinds = {isinstance(w, GroupQuantWeight) for w in layer.linear_attn.in_proj.weights}
-        assert kinds == ({True, False} if "asym" in name else {True})
-        assert layer.mlp.down_proj.weight.group_size == 32
+        ba_ignored = any("in_proj_[ab]" in i for i in CASES[name][4])
+        assert kinds == ({True, False} if ba_ignored else {True})
+        down = layer.mlp.down_proj.weight
+        if "+w8a16-channel-down" in name:
+            assert (down.bits, down.group_size, down.zeros) == (8, down.shape[1], None)
+            assert layer.linear_attn.out_proj.weight.bits == 4
+        else:
+            assert (down.bits, down.group_size) == (4, 32)
     else:
         ex = layer.mlp.experts
         assert isinstance(ex.gate_up, GroupQuantExperts) and isinstance(ex.down_proj, GroupQuantExperts)
@@ -123,3 +134,26 @@ def test_quantization_changed_the_model(written):
     p = random_prompt(9, 6)
     assert rel_err(hf_logits(build(seed=seed), p)[-1], hf_logits(ref, p)[-1]) > 1e-2
     assert torch.isfinite(hf_logits(ref, p)).all()
+
+
+# the library's other presets, in the formats it picks for them: refused when the directory is
+# opened, naming what the library wrote
+REFUSED = {
+    "W8A8": (None, "'int-quantized' format"),             # int8 weights and activations
+    "W4A8": (32, "'int-quantized' format"),
+    "FP8_DYNAMIC": (None, "'float-quantized' format"),
+    "NVFP4A16": (None, "'nvfp4-pack-quantized' format"),
+    "W3A16": (32, "compressed-tensors 3-bit"),
+}
+
+
+@pytest.mark.parametrize("preset", list(REFUSED))
+def test_library_schemes_g906_does_not_run_are_refused_naming_them(preset, tmp_path):
+    from g906.errors import G906Error
+
+    gs, named = REFUSED[preset]
+    quantize_with_compressed_tensors(build_tiny_qwen35(seed=10), tmp_path, preset=preset, group_size=gs,
+                                     ignore=["lm_head"], fmt=None)
+    with pytest.raises(G906Error) as e:
+        load_model(str(tmp_path), dtype="float32", device="cpu", progress=False)
+    assert named in e.value.message and "pack-quantized" in e.value.hint and "GPTQ" in e.value.hint
