@@ -58,8 +58,9 @@ def _split_experts(model) -> list[str]:
         fused = hasattr(mod, "gate_up_proj") and hasattr(mod, "down_proj")
         if fused and name.endswith("mlp.experts"):
             parent = model.get_submodule(name.rsplit(".", 1)[0])
+            E = mod.gate_up_proj.shape[0]
             parent.experts = torch.nn.ModuleList(
-                _Expert(mod.gate_up_proj.data[e], mod.down_proj.data[e]) for e in range(mod.gate_up_proj.shape[0]))
+                _Expert(mod.gate_up_proj.data[e], mod.down_proj.data[e]) for e in range(E))
             names.append(name)
     return names
 
@@ -85,7 +86,8 @@ def _minmax_qparams(model) -> int:
 
 def quantize_with_compressed_tensors(model, d: Path, *, preset: str, ignore: list[str],
                                      group_size: int | None = None, more: tuple = (),
-                                     fmt: str | None = "pack-quantized"):
+                                     fmt: str | None = "pack-quantized",
+                                     max_shard_size: str | None = None):
     """Write d (config.json with the library's quantization_config, model.safetensors with its
     tensors) from a copy of model. The library's preset scheme (W4A16: symmetric groups of 128;
     W4A16_ASYM: with zero points; group_size narrows the groups for the tiny shapes, -1 asks
@@ -93,6 +95,7 @@ def quantize_with_compressed_tensors(model, d: Path, *, preset: str, ignore: lis
     (preset, targets, group_size) of more on the modules its targets name (a named target wins
     over "Linear"). fmt: the format the compressor is forced to; None lets the library infer
     it from the scheme (int-quantized, float-quantized, nvfp4-pack-quantized, ...).
+    max_shard_size: save_pretrained's (dense models), for a sharded directory.
     Returns (reference float32 model holding the library-decompressed weights, the number of
     quantized modules)."""
     ref = copy.deepcopy(model).to(torch.float32)
@@ -122,7 +125,7 @@ def quantize_with_compressed_tensors(model, d: Path, *, preset: str, ignore: lis
         save_file(sd, str(d / "model.safetensors"), metadata={"format": "pt"})
         work.config.save_pretrained(d)
     else:
-        work.save_pretrained(d)
+        work.save_pretrained(d, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     compressor.update_config(str(d))
 
     work.to(torch.float32)             # packed ints stay ints; bf16 scales widen exactly
