@@ -174,3 +174,25 @@ def test_sharded_directory_with_modules_split_across_files(tmp_path):
     lm = load_model(str(tmp_path), dtype="float32", device="cpu", progress=False)
     p = random_prompt(17, 8)
     assert TinyRunner(lm.model, max_seqs=1).greedy(0, p, 8) == hf_greedy(ref, p, 8)
+
+
+def test_recipe_validation_reads_what_the_library_wrote(written, tmp_path):
+    """The torch-free scheme parser (recipe, doctor) on the library's config.json: the detected
+    scheme, the packed bytes, and TP=2 accepted (every split falls on whole groups)."""
+    import shutil
+
+    from tests.recipe.test_resolve import plan_of
+
+    name, d, _, _, _ = written
+    shutil.copytree(d, tmp_path / "m")
+    (tmp_path / "m" / "tokenizer.json").write_text("{}")
+    gs = 128 if name.startswith("moe") else 32
+    sym = "asymmetric" if "asym" in name else "symmetric"
+    want = f"compressed-tensors (pack-quantized): 4-bit, group {gs}, {sym}"
+    if "+w8a16-channel-down" in name:
+        want += "; 8-bit, per-channel, symmetric"
+    for tp in (1, 2):
+        plan = plan_of(tmp_path, f'[model]\nsource = "m"\n[parallel]\ntensor_parallel_size = {tp}\n')
+        assert plan.quantization == "compressed-tensors" and plan.quant_detail == want
+        assert plan.tensor_parallel_size == tp
+    assert plan.model_facts["weights_bytes_by_dtype"]["I32"] > 0
