@@ -110,11 +110,12 @@ def tiny_qwen35_hf_dir(tiny_qwen35_hf_model, tmp_path_factory):
     return d
 
 
-@pytest.fixture(scope="session")
-def tiny_qwen35_vl_hf_model(tiny_qwen35_hf_model):
+@torch.no_grad()
+def build_tiny_qwen35_vl(text):
+    """transformers Qwen3_5ForConditionalGeneration (the multimodal form the releases use) whose
+    language model and lm_head are the tiny text model's, with a tiny random vision tower."""
     from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
-    text = tiny_qwen35_hf_model
     cfg = Qwen3_5Config(
         text_config=tiny_text_config_kwargs(),
         vision_config=dict(
@@ -129,10 +130,14 @@ def tiny_qwen35_vl_hf_model(tiny_qwen35_hf_model):
     )
     torch.manual_seed(1)
     model = Qwen3_5ForConditionalGeneration(cfg).eval().to(torch.float32)
-    with torch.no_grad():
-        model.model.language_model.load_state_dict(text.model.state_dict())
-        model.lm_head.weight.copy_(text.lm_head.weight)
+    model.model.language_model.load_state_dict(text.model.state_dict())
+    model.lm_head.weight.copy_(text.lm_head.weight)
     return model
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen35_vl_hf_model(tiny_qwen35_hf_model):
+    return build_tiny_qwen35_vl(tiny_qwen35_hf_model)
 
 
 @pytest.fixture(scope="session")
