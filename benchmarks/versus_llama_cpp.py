@@ -104,13 +104,14 @@ class Run:
         self.llama_error: str | None = None
         self.llama_ready = threading.Event()
         self.res = {"environment": environment(self.device), "rows": [], "skipped": [], "llama_cpp": {}}
+        self.out_name = "versus-llama-cpp.json"
 
     # ---------------------------------------------------------------- output
 
     def save(self) -> None:
         if self.out_dir:
             self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / "versus-llama-cpp.json").write_text(json.dumps(self.res, indent=1, default=str))
+            (self.out_dir / self.out_name).write_text(json.dumps(self.res, indent=1, default=str))
 
     def row(self, row_id: str, label: str, unit: str, g906: float | None, llama: float | None = None, *,
             limit: float | None = None, detail: dict | None = None, error: str | None = None) -> dict:

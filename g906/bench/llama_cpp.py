@@ -101,11 +101,12 @@ class LlamaCpp:
     # ------------------------------------------------------------------ measurements
 
     def bench(self, model: str | Path, *, n_prompt: int = 0, n_gen: int = 128, depth: int = 0, reps: int = 3,
-              ubatch: int | None = None, timeout: float = 900) -> dict:
+              ubatch: int | None = None, split: str | None = None, timeout: float = 900) -> dict:
         """One llama-bench test: prompt processing (n_gen = 0) or generation of n_gen tokens after
-        `depth` tokens of context. Returns {"tok_s", "stddev", "record"}."""
+        `depth` tokens of context; split: llama.cpp's split mode over several GPUs (layer / row).
+        Returns {"tok_s", "stddev", "record"}."""
         args = ["llama-bench", "-m", str(model), "-ngl", "99", "-fa", "1", "-p", str(n_prompt), "-n", str(n_gen),
-                "-d", str(depth), "-r", str(reps), "-o", "json"]
+                "-d", str(depth), "-r", str(reps), "-o", "json"] + (["-sm", split] if split else [])
         if ubatch:
             args += ["-ub", str(ubatch)]
         r = self._run(args, timeout=timeout)
@@ -120,13 +121,14 @@ class LlamaCpp:
             raise G906Error(f"llama-bench gave no pp{n_prompt}/tg{n_gen} record")
         return {"tok_s": float(rec["avg_ts"]), "stddev": float(rec["stddev_ts"]), "record": rec}
 
-    def batched(self, model: str | Path, *, pp: int, tg: int, parallel: list[int], timeout: float = 900) -> list[dict]:
+    def batched(self, model: str | Path, *, pp: int, tg: int, parallel: list[int], split: str | None = None,
+                timeout: float = 900) -> list[dict]:
         """llama-batched-bench: `pl` sequences, each pp prompt tokens then tg generated, in one
         batch (speed_tg: generated tok/s over all sequences)."""
-        ctx = max(parallel) * (pp + tg) + 64
+        ctx = max(parallel) * (pp + tg + 256)     # llama.cpp rounds each sequence's share down
         args = ["llama-batched-bench", "-m", str(model), "-ngl", "99", "-fa", "on", "-c", str(ctx),
                 "-b", "2048", "-ub", "512", "-npp", str(pp), "-ntg", str(tg), "-npl", ",".join(map(str, parallel)),
-                "--output-format", "jsonl"]
+                "--output-format", "jsonl"] + (["-sm", split] if split else [])
         r = self._run(args, timeout=timeout)
         if r.returncode != 0:
             raise G906Error(f"llama-batched-bench on {Path(model).name} exited {r.returncode}: {_tail(r)}")
