@@ -9,7 +9,7 @@ llama-cpp-python source package on the package index, or a clone). Not a test of
 needs that tree. Cases, on tiny random models built by the tests' helpers and saved as HF
 folders with the tests' tokenizer:
   dense + MTP  Qwen3.5 with one MTP layer (tests/engine/spec_models.py), converted to F16 and
-               Q8_0; g906 greedy plain, MTP k = 2 and 3, n-gram k = 3
+               Q8_0; g906 greedy plain, MTP k = 1, 2 and 3, n-gram k = 3
   MoE          Qwen3.5 MoE (16 experts, top-4; tests/engine/conftest.py), converted to F16 and Q8_0
 The converter identifies a tokenizer's pre-tokenizer by a hash of known vocabularies; the tests'
 tiny tokenizer is not among them, so the check tells it "qwen35" (the tensors are what is checked).
@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 PROMPTS = ["one two three four five", "the quick brown fox", "a b c d e f g"]
-SPECS = (None, {"method": "mtp", "num_speculative_tokens": 2}, {"method": "mtp", "num_speculative_tokens": 3},
+SPECS = (None, {"method": "mtp", "num_speculative_tokens": 1}, {"method": "mtp", "num_speculative_tokens": 2},
+         {"method": "mtp", "num_speculative_tokens": 3},
          {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3})
 
 
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
     m.save_pretrained(moe)
     save_hf_tokenizer(moe)
     failed = 0
-    for name, hf, specs in (("dense+MTP", dense, SPECS), ("MoE", moe, SPECS[:1] + SPECS[3:])):
+    for name, hf, specs in (("dense+MTP", dense, SPECS), ("MoE", moe, SPECS[:1] + SPECS[4:])):
         ref, _ = greedy(str(hf), None)
         for outtype in ("f16", "q8_0"):
             gguf_path = work / f"{hf.name}-{outtype}.gguf"
