@@ -288,4 +288,36 @@ def padded_cache_sizes(num_blocks: int, num_state_slots: int) -> tuple[int, int,
     return num_blocks + 1, num_state_slots + 1, num_blocks, num_state_slots
 
 
-__all__ = ["DecodeGraphs", "bucket", "checked_scratch", "graph_batch_sizes", "padded_cache_sizes"]
+def capture_begin(dev) -> tuple[float, int, "torch.cuda.Stream"]:
+    """The start of a capture() of prefill or verify graphs: (start time, bytes reserved before,
+    the side stream to capture on, ordered after the work already queued)."""
+    t0 = time.perf_counter()
+    torch.cuda.synchronize(dev)
+    reserved = torch.cuda.memory_reserved(dev)
+    stream = torch.cuda.Stream(dev)
+    stream.wait_stream(torch.cuda.current_stream(dev))
+    return t0, reserved, stream
+
+
+def capture_join(dev, stream) -> None:
+    """The device's stream waits for the capture stream, and the host for both."""
+    torch.cuda.current_stream(dev).wait_stream(stream)
+    torch.cuda.synchronize(dev)
+
+
+def capture_end(graphs, problem: str | None, warning: str, t0: float, reserved: int, log) -> None:
+    """After capture_join: the scratch slot the captures wrote is reset; on a problem the graphs
+    are dropped (log.warning(warning, problem)) and the steps stay eager. Sets graphs.pool_bytes
+    and graphs.capture_seconds."""
+    graphs.cache.reset_slots([graphs.scratch_slot])
+    if problem:
+        log.warning(warning, problem)
+        graphs.graphs.clear()
+        graphs.use_graphs = False
+        torch.cuda.empty_cache()
+    graphs.pool_bytes = max(0, torch.cuda.memory_reserved(graphs.device) - reserved)
+    graphs.capture_seconds = time.perf_counter() - t0
+
+
+__all__ = ["DecodeGraphs", "bucket", "capture_begin", "capture_end", "capture_join", "checked_scratch",
+           "graph_batch_sizes", "padded_cache_sizes"]

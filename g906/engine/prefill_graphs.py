@@ -38,13 +38,12 @@ carries on."""
 from __future__ import annotations
 
 import logging
-import time
 
 import numpy as np
 import torch
 
 from g906.engine.context import ForwardContext, write_step_rows
-from g906.engine.cuda_graphs import _multimodal, bucket, checked_scratch
+from g906.engine.cuda_graphs import _multimodal, bucket, capture_begin, capture_end, capture_join, checked_scratch
 
 log = logging.getLogger("g906.engine")
 
@@ -229,12 +228,8 @@ class PrefillGraphs:
         on a second layout; seconds. Any failure leaves prefill eager (with a warning)."""
         if not self.use_graphs:
             return 0.0
-        t0 = time.perf_counter()
         dev = self.device
-        torch.cuda.synchronize(dev)
-        reserved = torch.cuda.memory_reserved(dev)
-        stream = torch.cuda.Stream(dev)
-        stream.wait_stream(torch.cuda.current_stream(dev))
+        t0, reserved, stream = capture_begin(dev)
         problem = None
         from g906.engine.progress import Step
 
@@ -258,16 +253,8 @@ class PrefillGraphs:
                         break
         except Exception as exc:            # e.g. an op that syncs with the host inside capture
             problem = f"{type(exc).__name__}: {exc}"
-        torch.cuda.current_stream(dev).wait_stream(stream)
-        torch.cuda.synchronize(dev)
-        self.cache.reset_slots([self.scratch_slot])
-        if problem:
-            log.warning("prefill graphs off (eager prefill instead): %s", problem)
-            self.graphs.clear()
-            self.use_graphs = False
-            torch.cuda.empty_cache()
-        self.pool_bytes = max(0, torch.cuda.memory_reserved(dev) - reserved)
-        self.capture_seconds = time.perf_counter() - t0
+        capture_join(dev, stream)
+        capture_end(self, problem, "prefill graphs off (eager prefill instead): %s", t0, reserved, log)
         if self.use_graphs:
             log.info("captured %d prefill graphs (tokens %s x rows %s, %.0f MiB) in %.2f s", len(self.graphs),
                      self.token_sizes, self.row_sizes, self.pool_bytes / 2**20, self.capture_seconds)

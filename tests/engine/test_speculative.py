@@ -14,13 +14,12 @@ import pytest
 import torch
 
 from g906.engine.llm_engine import EngineConfig, LLMEngine
-from g906.engine.loader import load_model
 from g906.engine.sampling_params import SamplingParams
 from g906.errors import G906Error
 
-from .conftest import build_tiny_qwen35, random_prompt
+from .conftest import random_prompt
 from .gguf_writer import write_gguf
-from .spec_models import markov_mtp_dir
+from .spec_models import chi2_sf, chi_square, load_mtp, load_random_tiny, markov_mtp_dir, run
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -41,28 +40,12 @@ def markov_gguf(markov_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def loaded_hf(markov_dir):
-    return load_model(str(markov_dir), dtype="float32", device="cpu", progress=False, keep_mtp=True)
+    return load_mtp(markov_dir)
 
 
 @pytest.fixture(scope="module")
 def loaded_gguf(markov_gguf):
-    return load_model(str(markov_gguf), dtype="float32", device="cpu", progress=False, keep_mtp=True)
-
-
-def run(loaded, prompts, params, spec=None, **cfg):
-    """Token ids per prompt (all requests in one engine, batched), and the engine."""
-    kw = dict(num_kv_blocks=96, max_model_len=512, max_num_batched_tokens=16)
-    kw.update(cfg)
-    eng = LLMEngine(loaded, EngineConfig(speculative=spec, **kw))
-    ps = params if isinstance(params, list) else [params] * len(prompts)
-    for i, (p, sp) in enumerate(zip(prompts, ps)):
-        eng.add_request(f"r{i}", p, sp)
-    out = {f"r{i}": [] for i in range(len(prompts))}
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            out[o.request_id] += o.new_token_ids
-    assert eng.cache.blocks.num_used_blocks == 0 and eng.cache.slots.num_used == 0
-    return [out[f"r{i}"] for i in range(len(prompts))], eng
+    return load_mtp(markov_gguf)
 
 
 MTP = [{"method": "mtp", "num_speculative_tokens": k} for k in (1, 2, 3)]
@@ -129,12 +112,7 @@ def test_preemption_keeps_outputs(loaded_gguf):
 @pytest.fixture(scope="module")
 def random_loaded(tmp_path_factory):
     """A fully random model (no MTP): every layer's state matters for every logit."""
-    d = tmp_path_factory.mktemp("spec-random")
-    build_tiny_qwen35(seed=0).save_pretrained(d)
-    from .qwen_tokenizer import save_hf_tokenizer
-
-    save_hf_tokenizer(d)
-    return load_model(str(d), dtype="float32", device="cpu", progress=False)
+    return load_random_tiny(tmp_path_factory.mktemp("spec-random"))
 
 
 def test_oracle_drafts_every_acceptance_length(random_loaded, monkeypatch):
@@ -177,11 +155,6 @@ def test_ngram_high_acceptance_on_repetitive_text(loaded_gguf):
 
 # -- sampling -----------------------------------------------------------------------------------
 
-def _chi2_sf(x: float, dof: int) -> float:
-    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64),
-                                         torch.tensor(x / 2.0, dtype=torch.float64)))
-
-
 def test_sampling_follows_the_target_distribution(loaded_hf, markov_dir):
     """1500 seeded requests, 3 tokens each, top_k = 3, with MTP k = 2: the joint distribution of
     the three tokens matches the one transformers' model gives (chi-square), while drafts are
@@ -209,19 +182,9 @@ def test_sampling_follows_the_target_distribution(loaded_hf, markov_dir):
         for b, pb in dist(prompt + [a]).items():
             for c, pc in dist(prompt + [a, b]).items():
                 exact[(a, b, c)] = pa * pb * pc
-    counts: dict = {}
-    for toks in got:
-        counts[tuple(toks)] = counts.get(tuple(toks), 0) + 1
-    assert set(counts) <= set(exact)
-    small = [c for c in exact if exact[c] * n < 5]          # pooled: chi-square needs 5 expected
-    cells = [[c] for c in exact if c not in small] + ([small] if small else [])
-    stat = 0.0
-    for cell in cells:
-        e = n * sum(exact[c] for c in cell)
-        o = sum(counts.get(c, 0) for c in cell)
-        stat += (o - e) ** 2 / e
-    p = _chi2_sf(stat, len(cells) - 1)
-    assert p > 1e-3, (stat, len(cells), p)
+    stat, cells = chi_square(got, exact, n)
+    p = chi2_sf(stat, cells - 1)
+    assert p > 1e-3, (stat, cells, p)
 
 
 def test_seeded_sampling_is_reproducible(loaded_gguf):
@@ -251,7 +214,7 @@ def test_rejection_sampler_alone():
         sampler.forget(s)
     p0 = [0.5, 0.3, 0.15, 0.05]
     stat = sum((counts[i] - n * p0[i]) ** 2 / (n * p0[i]) for i in range(4))
-    assert _chi2_sf(stat, 3) > 1e-3, counts
+    assert chi2_sf(stat, 3) > 1e-3, counts
     greedy = SamplerRow(key=-1, params=SamplingParams(temperature=0.0))
     assert verify(sampler, logits, [VerifyRow(greedy, 0, [0, 3])])[0] == [0, 3, 0]
     assert verify(sampler, logits, [VerifyRow(greedy, 0, [0, 2])])[0] == [0, 3]

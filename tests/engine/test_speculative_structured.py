@@ -14,14 +14,12 @@ import re
 import pytest
 import torch
 
-from g906.engine.llm_engine import EngineConfig, LLMEngine
-from g906.engine.loader import load_model
 from g906.engine.sampling_params import SamplingParams
 from g906.engine.structured import StructuredOutputsParams as S
 from g906.engine.structured.mask import allocate, allowed
 
 from .conftest import random_prompt
-from .spec_models import MARKOV_EOS, markov_mtp_dir
+from .spec_models import MARKOV_EOS, chi2_sf, chi_square, load_mtp, markov_mtp_dir, run
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -42,21 +40,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def loaded(model_dir):
-    return load_model(str(model_dir), dtype="float32", device="cpu", progress=False, keep_mtp=True)
-
-
-def run(loaded, prompts, params, spec=None, **cfg):
-    kw = dict(num_kv_blocks=96, max_model_len=512, max_num_batched_tokens=16)
-    kw.update(cfg)
-    eng = LLMEngine(loaded, EngineConfig(speculative=spec, **kw))
-    for i, (p, sp) in enumerate(zip(prompts, params)):
-        eng.add_request(f"r{i}", p, sp)
-    out = {f"r{i}": [] for i in range(len(prompts))}
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            out[o.request_id] += o.new_token_ids
-    assert eng.cache.blocks.num_used_blocks == 0
-    return [out[f"r{i}"] for i in range(len(prompts))], eng
+    return load_mtp(model_dir)
 
 
 def constrained_params(max_tokens=28):
@@ -152,11 +136,6 @@ def test_constrained_seeded_sampling_is_reproducible(loaded):
     assert re.fullmatch(r"[a-f]{2,12}[0-9]", loaded.tokenizer.decode([t for t in a[0] if t != EOS]))
 
 
-def _chi2_sf(x: float, dof: int) -> float:
-    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64),
-                                         torch.tensor(x / 2.0, dtype=torch.float64)))
-
-
 def test_constrained_sampling_follows_the_masked_target(loaded, model_dir):
     """1000 seeded requests under a regex, MTP k = 2: the joint distribution of the outputs
     matches transformers' model restricted at each step to the grammar's mask (chi-square),
@@ -198,20 +177,10 @@ def test_constrained_sampling_follows_the_masked_target(loaded, model_dir):
                 walk(out + [t], p * float(probs[t]))
 
     walk([], 1.0)
-    counts: dict = {}
-    for toks in got:
-        counts[tuple(toks)] = counts.get(tuple(toks), 0) + 1
-    assert set(counts) <= set(exact), set(counts) - set(exact)
-    small = [c for c in exact if exact[c] * n < 5]
-    cells = [[c] for c in exact if c not in small] + ([small] if small else [])
-    assert len(cells) > 4
-    stat = 0.0
-    for cell in cells:
-        e = n * sum(exact[c] for c in cell)
-        o = sum(counts.get(c, 0) for c in cell)
-        stat += (o - e) ** 2 / e
-    p = _chi2_sf(stat, len(cells) - 1)
-    assert p > 1e-3, (stat, len(cells), p)
+    stat, cells = chi_square(got, exact, n)
+    assert cells > 4
+    p = chi2_sf(stat, cells - 1)
+    assert p > 1e-3, (stat, cells, p)
 
 
 def test_guide_speculate_leaves_the_matcher_unchanged():

@@ -16,15 +16,14 @@ import pytest
 import torch
 
 from g906.engine.llm_engine import EngineConfig, LLMEngine
-from g906.engine.loader import load_model
 from g906.engine.sampling_params import SamplingParams
 from g906.engine.scheduler import ScheduledBatch
 from g906.engine.spec.verify_graphs import MAX_GRAPH_BATCH, verify_batch_sizes
 
-from .conftest import build_tiny_qwen35, random_prompt
+from .conftest import random_prompt
 from .padded_decode import padded_speculation
 from .prefix_workloads import assert_no_leaks, run_workload
-from .spec_models import markov_mtp_dir
+from .spec_models import drive, load_mtp, load_random_tiny, markov_mtp_dir
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
@@ -35,19 +34,13 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
 
 @pytest.fixture(scope="module")
 def markov(tmp_path_factory):
-    d = markov_mtp_dir(tmp_path_factory.mktemp("vg-markov"))
-    return load_model(str(d), dtype="float32", device="cpu", progress=False, keep_mtp=True)
+    return load_mtp(markov_mtp_dir(tmp_path_factory.mktemp("vg-markov")))
 
 
 @pytest.fixture(scope="module")
 def random_lm(tmp_path_factory):
     """A fully random model: every layer's state matters for every logit."""
-    d = tmp_path_factory.mktemp("vg-random")
-    build_tiny_qwen35(seed=0).save_pretrained(d)
-    from .qwen_tokenizer import save_hf_tokenizer
-
-    save_hf_tokenizer(d)
-    return load_model(str(d), dtype="float32", device="cpu", progress=False)
+    return load_random_tiny(tmp_path_factory.mktemp("vg-random"))
 
 
 def engine(lm, spec, *, padded: bool, batch_sizes=None, max_num_seqs=4):
@@ -58,18 +51,6 @@ def engine(lm, spec, *, padded: bool, batch_sizes=None, max_num_seqs=4):
     else:
         lm.model.bind_cache(eng.runner.cache)
     return eng
-
-
-def drive(eng, prompts, params):
-    ps = params if isinstance(params, list) else [params] * len(prompts)
-    for i, (p, sp) in enumerate(zip(prompts, ps)):
-        eng.add_request(f"r{i}", p, sp)
-    out = {f"r{i}": [] for i in range(len(prompts))}
-    while eng.has_unfinished_requests():
-        for o in eng.step():
-            out[o.request_id] += o.new_token_ids
-    assert eng.cache.blocks.num_used_blocks == 0 and eng.cache.slots.num_used == 0
-    return [out[f"r{i}"] for i in range(len(prompts))]
 
 
 def test_batch_sizes():

@@ -46,13 +46,13 @@ eager run of it, else verify graphs are turned off with a warning."""
 from __future__ import annotations
 
 import logging
-import time
 from typing import Sequence as Seq
 
 import torch
 
 from g906.engine.context import ForwardContext
-from g906.engine.cuda_graphs import _multimodal, bucket, checked_scratch, graph_batch_sizes
+from g906.engine.cuda_graphs import (_multimodal, bucket, capture_begin, capture_end, capture_join, checked_scratch,
+                                     graph_batch_sizes)
 
 log = logging.getLogger("g906.engine")
 
@@ -287,12 +287,8 @@ class VerifyGraphs:
         eager, with a warning."""
         if not self.use_graphs:
             return 0.0
-        t0 = time.perf_counter()
         dev = self.device
-        torch.cuda.synchronize(dev)
-        reserved = torch.cuda.memory_reserved(dev)
-        stream = torch.cuda.Stream(dev)
-        stream.wait_stream(torch.cuda.current_stream(dev))
+        t0, reserved, stream = capture_begin(dev)
         problem = None
         from g906.engine.progress import Step
 
@@ -322,18 +318,10 @@ class VerifyGraphs:
                         break
         except Exception as exc:            # out of memory, an op that syncs with the host...
             problem = f"{type(exc).__name__}: {exc}"
-        torch.cuda.current_stream(dev).wait_stream(stream)
-        torch.cuda.synchronize(dev)
+        capture_join(dev, stream)
         for la in self.model.linear_attention_layers():
             la._kept = None
-        self.cache.reset_slots([self.scratch_slot])
-        if problem:
-            log.warning("verify graphs off (eager verify steps instead): %s", problem)
-            self.graphs.clear()
-            self.use_graphs = False
-            torch.cuda.empty_cache()
-        self.pool_bytes = max(0, torch.cuda.memory_reserved(dev) - reserved)
-        self.capture_seconds = time.perf_counter() - t0
+        capture_end(self, problem, "verify graphs off (eager verify steps instead): %s", t0, reserved, log)
         if self.use_graphs:
             log.info("captured %d verify graphs (k = %d, batch sizes %s, %.0f MiB) in %.2f s", len(self.graphs),
                      self.k, self.batch_sizes, self.pool_bytes / 2**20, self.capture_seconds)

@@ -17,11 +17,11 @@ from dataclasses import dataclass, replace
 import torch
 
 from .reference import unpack_rows
-from .weight import GroupQuantWeight
+from .weight import GroupQuantFacts, GroupQuantWeight
 
 
 @dataclass
-class GroupQuantExperts:
+class GroupQuantExperts(GroupQuantFacts):
     """qweight: int32 [E, N, K * bits // 32] (K-packed as GroupQuantWeight). scales: float16
     [E, N, G]. zeros: uint8 [E, N, G] or None (symmetric: z = 2 ** (bits - 1)). perm: int64
     [E, S, K] or None: act order; the rows fall into S equal sections (S = 2 when gate and up of
@@ -42,39 +42,8 @@ class GroupQuantExperts:
     # ------------------------------------------------------------------ facts
 
     @property
-    def pack(self) -> int:
-        return 32 // self.bits
-
-    @property
-    def per_channel(self) -> bool:
-        return self.group_size >= self.shape[2]
-
-    @property
     def scheme(self) -> str:
-        g = "per-channel" if self.per_channel else f"g{self.group_size}"
-        parts = [f"int{self.bits}", g, "asym" if self.zeros is not None else "sym"]
-        if self.perm is not None:
-            parts.append("act-order")
-        return " ".join(parts) + f", {self.shape[0]} experts"
-
-    @property
-    def device(self) -> torch.device:
-        return self.qweight.device
-
-    @property
-    def data(self) -> torch.Tensor:
-        """The packed words (the registry finds the call's device through it)."""
-        return self.qweight
-
-    @property
-    def nbytes(self) -> int:
-        ts = [self.qweight, self.scales, self.zeros, self.perm]
-        return sum(t.numel() * t.element_size() for t in ts if t is not None)
-
-    def to(self, device) -> "GroupQuantExperts":
-        mv = (lambda t: None if t is None else t.to(device))
-        return replace(self, qweight=mv(self.qweight), scales=mv(self.scales), zeros=mv(self.zeros),
-                       perm=mv(self.perm))
+        return self._scheme_parts() + f", {self.shape[0]} experts"
 
     # ------------------------------------------------------------------ building
 
@@ -160,21 +129,6 @@ class GroupQuantExperts:
         w = GroupQuantWeight(self.qweight[0], self.scales[0], None, self.bits, self.group_size, self.shape[1:],
                              None if self.perm is None else self.perm[0, 0])
         return w.column_split_problem(start, count)
-
-    def select_cols(self, start: int, count: int) -> "GroupQuantExperts":
-        """Input features [start, start + count) of every expert (check column_split_problem)."""
-        problem = self.column_split_problem(start, count)
-        if problem:
-            raise ValueError(problem)
-        w0, wn = start // self.pack, count // self.pack
-        if self.per_channel:
-            sl = (lambda t: t)
-        else:
-            g0, gn = start // self.group_size, -(-count // self.group_size)
-            sl = (lambda t: None if t is None else t[:, :, g0:g0 + gn].contiguous())
-        return replace(self, qweight=self.qweight[:, :, w0:w0 + wn].contiguous(), scales=sl(self.scales),
-                       zeros=sl(self.zeros), shape=(self.shape[0], self.shape[1], count),
-                       group_size=count if self.per_channel else self.group_size)
 
     # ------------------------------------------------------------------ reference
 

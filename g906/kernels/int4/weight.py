@@ -12,26 +12,9 @@ from dataclasses import dataclass, replace
 import torch
 
 
-@dataclass
-class GroupQuantWeight:
-    """qweight: int32 [N, K * bits // 32], K-packed (feature k at bits (k % P) * bits of word
-    k // P, P = 32 // bits). scales: float16 [N, G]. zeros: uint8 [N, G] or None (symmetric:
-    z = 2 ** (bits - 1)). group_size: features per group (K for one group per row). perm: int64
-    [K] or None: column j of the weight multiplies input feature perm[j] (act-order, reordered at
-    load so groups are contiguous). shape: the logical (N, K)."""
-
-    qweight: torch.Tensor
-    scales: torch.Tensor
-    zeros: torch.Tensor | None
-    bits: int
-    group_size: int
-    shape: tuple[int, int]
-    perm: torch.Tensor | None = None
-
-    def __post_init__(self) -> None:
-        self.shape = (int(self.shape[0]), int(self.shape[1]))
-
-    # ------------------------------------------------------------------ facts
+class GroupQuantFacts:
+    """What a packed group-quantized weight and its per-expert stack (experts.py) both answer;
+    the input features are the last dimension of shape in both."""
 
     @property
     def pack(self) -> int:
@@ -39,16 +22,10 @@ class GroupQuantWeight:
         return 32 // self.bits
 
     @property
-    def num_groups(self) -> int:
-        return -(-self.shape[1] // self.group_size)
-
-    @property
     def per_channel(self) -> bool:
-        return self.group_size >= self.shape[1]
+        return self.group_size >= self.shape[-1]
 
-    @property
-    def scheme(self) -> str:
-        """e.g. "int4 g128 asym act-order" (messages and logs)."""
+    def _scheme_parts(self) -> str:
         g = "per-channel" if self.per_channel else f"g{self.group_size}"
         parts = [f"int{self.bits}", g, "asym" if self.zeros is not None else "sym"]
         if self.perm is not None:
@@ -69,12 +46,59 @@ class GroupQuantWeight:
         ts = [self.qweight, self.scales, self.zeros, self.perm]
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
-    # ------------------------------------------------------------------ moves and splits
-
-    def to(self, device) -> "GroupQuantWeight":
+    def to(self, device):
         mv = (lambda t: None if t is None else t.to(device))
         return replace(self, qweight=mv(self.qweight), scales=mv(self.scales), zeros=mv(self.zeros),
                        perm=mv(self.perm))
+
+    def select_cols(self, start: int, count: int):
+        """Input features [start, start + count) (of every expert, for the stack; check
+        column_split_problem first)."""
+        problem = self.column_split_problem(start, count)
+        if problem:
+            raise ValueError(problem)
+        w0, wn = start // self.pack, count // self.pack
+        if self.per_channel:
+            sl = (lambda t: t)
+        else:
+            g0, gn = start // self.group_size, -(-count // self.group_size)
+            sl = (lambda t: None if t is None else t[..., g0:g0 + gn].contiguous())
+        return replace(self, qweight=self.qweight[..., w0:w0 + wn].contiguous(), scales=sl(self.scales),
+                       zeros=sl(self.zeros), shape=(*self.shape[:-1], count),
+                       group_size=count if self.per_channel else self.group_size)
+
+
+@dataclass
+class GroupQuantWeight(GroupQuantFacts):
+    """qweight: int32 [N, K * bits // 32], K-packed (feature k at bits (k % P) * bits of word
+    k // P, P = 32 // bits). scales: float16 [N, G]. zeros: uint8 [N, G] or None (symmetric:
+    z = 2 ** (bits - 1)). group_size: features per group (K for one group per row). perm: int64
+    [K] or None: column j of the weight multiplies input feature perm[j] (act-order, reordered at
+    load so groups are contiguous). shape: the logical (N, K)."""
+
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor | None
+    bits: int
+    group_size: int
+    shape: tuple[int, int]
+    perm: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        self.shape = (int(self.shape[0]), int(self.shape[1]))
+
+    # ------------------------------------------------------------------ facts
+
+    @property
+    def num_groups(self) -> int:
+        return -(-self.shape[1] // self.group_size)
+
+    @property
+    def scheme(self) -> str:
+        """e.g. "int4 g128 asym act-order" (messages and logs)."""
+        return self._scheme_parts()
+
+    # ------------------------------------------------------------------ moves and splits
 
     def select_rows(self, index: torch.Tensor) -> "GroupQuantWeight":
         """Output features `index` (any order): rows carry their own words, scales and zeros."""
@@ -98,21 +122,6 @@ class GroupQuantWeight:
             return (f"a share of {count} input features (from feature {start}) is not a whole number of "
                     f"groups of {self.group_size}")
         return None
-
-    def select_cols(self, start: int, count: int) -> "GroupQuantWeight":
-        """Input features [start, start + count) (check column_split_problem first)."""
-        problem = self.column_split_problem(start, count)
-        if problem:
-            raise ValueError(problem)
-        w0, wn = start // self.pack, count // self.pack
-        if self.per_channel:
-            sl = (lambda t: t)
-        else:
-            g0, gn = start // self.group_size, -(-count // self.group_size)
-            sl = (lambda t: None if t is None else t[:, g0:g0 + gn].contiguous())
-        return replace(self, qweight=self.qweight[:, w0:w0 + wn].contiguous(), scales=sl(self.scales),
-                       zeros=sl(self.zeros), shape=(self.shape[0], count),
-                       group_size=count if self.per_channel else self.group_size)
 
 
 def stack_key(w: GroupQuantWeight):

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from .._triton_util import empty
 from ..int4.experts import GroupQuantExperts
-from .common import GEMV_MAX_TOKENS, _dot_t
+from .common import GEMV_MAX_TOKENS, _dot_t, _tile_cols, _tile_pairs, routing, sum_pairs
 from .sort import sort_by_expert
 
 
@@ -90,9 +90,7 @@ def _gq_routed_gate_up_kernel(x_ptr, xu_ptr, qw_ptr, s_ptr, z_ptr, ids_ptr, h_pt
                               BITS: tl.constexpr, GS: tl.constexpr, HAS_Z: tl.constexpr,
                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     p = tl.program_id(0)
-    nn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = nn < I
-    nc = tl.where(nmask, nn, 0).to(tl.int64)          # rows past I read row 0
+    nn, nmask, nc = _tile_cols(I, BLOCK_N)          # rows past I read row 0
     e = tl.load(ids_ptr + p).to(tl.int64)
     if X_PER_PAIR:
         xo = p.to(tl.int64) * sx
@@ -111,9 +109,7 @@ def _gq_routed_down_kernel(h_ptr, qw_ptr, s_ptr, z_ptr, ids_ptr, tw_ptr, y_ptr, 
                            sy, TOPK: tl.constexpr, BITS: tl.constexpr, GS: tl.constexpr, HAS_Z: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     t = tl.program_id(0)
-    nn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = nn < N
-    nc = tl.where(nmask, nn, 0).to(tl.int64)
+    nn, nmask, nc = _tile_cols(N, BLOCK_N)
     acc = tl.zeros([BLOCK_N], tl.float32)
     for j in range(TOPK):
         p = t * TOPK + j
@@ -134,16 +130,12 @@ def _gq_grouped_gate_up_kernel(x_ptr, xu_ptr, qw_ptr, s_ptr, z_ptr, pairs_ptr, t
     e = tl.load(tile_e_ptr + pm).to(tl.int64)
     if e < 0:        # a tile the routing left unused (sort.py sizes for the most tiles)
         return
-    rows = tl.load(pairs_ptr + pm * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = rows < num_pairs
-    rc = tl.where(valid, rows, 0).to(tl.int64)
+    valid, rc = _tile_pairs(pairs_ptr, pm, num_pairs, BLOCK_M)
     if X_PER_PAIR:
         xo = rc[:, None] * sx
     else:
         xo = (rc // TOPK)[:, None] * sx
-    nn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = nn < I
-    nc = tl.where(nmask, nn, 0).to(tl.int64)
+    nn, nmask, nc = _tile_cols(I, BLOCK_N)
     zero = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     g = _gq_tile_gemm(x_ptr + xo, valid[:, None], qw_ptr, s_ptr, z_ptr, e * sqe + nc * sqn, e * sse + nc * ssn,
                       K, zero, BITS, GS, HAS_Z, BLOCK_K, FP32)
@@ -163,12 +155,8 @@ def _gq_grouped_down_kernel(h_ptr, qw_ptr, s_ptr, z_ptr, pairs_ptr, tile_e_ptr, 
     e = tl.load(tile_e_ptr + pm).to(tl.int64)
     if e < 0:
         return
-    rows = tl.load(pairs_ptr + pm * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = rows < num_pairs
-    rc = tl.where(valid, rows, 0).to(tl.int64)
-    nn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = nn < N
-    nc = tl.where(nmask, nn, 0).to(tl.int64)
+    valid, rc = _tile_pairs(pairs_ptr, pm, num_pairs, BLOCK_M)
+    nn, nmask, nc = _tile_cols(N, BLOCK_N)
     acc = _gq_tile_gemm(h_ptr + rc[:, None] * sh, valid[:, None], qw_ptr, s_ptr, z_ptr, e * sqe + nc * sqn,
                         e * sse + nc * ssn, K, tl.zeros([BLOCK_M, BLOCK_N], tl.float32), BITS, GS, HAS_Z,
                         BLOCK_K, FP32)
@@ -211,15 +199,10 @@ def _per_pair(x: torch.Tensor, perm: torch.Tensor, section: int, flat_ids: torch
 
 def moe_experts(x, w_gate_up: GroupQuantExperts, w_down: GroupQuantExperts, topk_ids, topk_weights, **cfg):
     """The routed experts (see reference.moe_experts) over group-quantized experts."""
-    T, H = x.shape
-    k = topk_ids.shape[1]
-    E, two_i, _ = w_gate_up.shape
-    inter = two_i // 2
-    y = empty((T, H), x.dtype, x.device)
+    r = routing(x, w_gate_up, topk_ids, topk_weights)
+    T, H, k, E, inter, y, ids, tw = r
     if T == 0:
         return y
-    ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
-    tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     per_pair = w_gate_up.perm is not None
     if per_pair:
         flat = ids.long()
@@ -261,4 +244,4 @@ def moe_experts(x, w_gate_up: GroupQuantExperts, w_down: GroupQuantExperts, topk
         h, qd, sd, zd, pairs, tile_e, tw, out, T * k, H, inter, h.stride(0), sqe_d, sqn_d, sse_d, ssn_d,
         out.stride(0), BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=_block_k(w_down, bk), FP32=fp32, num_warps=warps,
         **down_q)
-    return out.view(T, k, H).sum(dim=1).to(x.dtype)
+    return sum_pairs(out, r, x.dtype)

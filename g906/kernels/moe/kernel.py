@@ -23,7 +23,7 @@ import triton.language as tl
 from .._triton_util import empty, is_rocm
 from ..int4.experts import is_group_quant_experts
 from ..linear.gguf_decode import QTYPES, STEP_BYTES, _dequant_step
-from .common import GEMV_MAX_TOKENS, _dot_t
+from .common import GEMV_MAX_TOKENS, _dot_t, _tile_cols, _tile_pairs, routing, sum_pairs
 from .sort import sort_by_expert
 
 FUSED_QTYPES = tuple(QTYPES)
@@ -59,9 +59,7 @@ def _routed_gate_up_kernel(x_ptr, w_ptr, ids_ptr, h_ptr, I, K, sx, swe, swn, sh,
                            TOPK: tl.constexpr, QT: tl.constexpr, STEP_B: tl.constexpr,
                            BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     p = tl.program_id(0)
-    nn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = nn < I
-    nc = tl.where(nmask, nn, 0).to(tl.int64)          # rows past I read row 0
+    nn, nmask, nc = _tile_cols(I, BLOCK_N)          # rows past I read row 0
     e = tl.load(ids_ptr + p).to(tl.int64)
     xp = x_ptr + (p // TOPK).to(tl.int64) * sx
     g = _rows_dot(w_ptr, e * swe + nc * swn, xp, K, QT, STEP_B, BLOCK_N, BLOCK_K)
@@ -75,9 +73,7 @@ def _routed_down_kernel(h_ptr, w_ptr, ids_ptr, tw_ptr, y_ptr, N, K, sh, swe, swn
                         TOPK: tl.constexpr, QT: tl.constexpr, STEP_B: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     t = tl.program_id(0)
-    nn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = nn < N
-    nc = tl.where(nmask, nn, 0).to(tl.int64)
+    nn, nmask, nc = _tile_cols(N, BLOCK_N)
     acc = tl.zeros([BLOCK_N], tl.float32)
     for j in range(TOPK):
         p = t * TOPK + j
@@ -146,13 +142,9 @@ def _grouped_gate_up_kernel(x_ptr, w_ptr, pairs_ptr, tile_e_ptr, h_ptr, num_pair
     e = tl.load(tile_e_ptr + pm).to(tl.int64)
     if e < 0:        # a tile the routing left unused (sort.py sizes for the most tiles)
         return
-    rows = tl.load(pairs_ptr + pm * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = rows < num_pairs
-    rc = tl.where(valid, rows, 0).to(tl.int64)
+    valid, rc = _tile_pairs(pairs_ptr, pm, num_pairs, BLOCK_M)
     xrow = x_ptr + (rc // TOPK)[:, None] * sx
-    nn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = nn < I
-    nc = tl.where(nmask, nn, 0).to(tl.int64)
+    nn, nmask, nc = _tile_cols(I, BLOCK_N)
     g = _tile_gemm(xrow, valid[:, None], w_ptr, e * swe + nc * swn, K,
                    tl.zeros([BLOCK_M, BLOCK_N], tl.float32), QT, STEP_B, BLOCK_N, BLOCK_K, FP32, K32)
     u = _tile_gemm(xrow, valid[:, None], w_ptr, e * swe + (nc + I) * swn, K,
@@ -171,12 +163,8 @@ def _grouped_down_kernel(h_ptr, w_ptr, pairs_ptr, tile_e_ptr, tw_ptr, out_ptr, n
     e = tl.load(tile_e_ptr + pm).to(tl.int64)
     if e < 0:
         return
-    rows = tl.load(pairs_ptr + pm * BLOCK_M + tl.arange(0, BLOCK_M))
-    valid = rows < num_pairs
-    rc = tl.where(valid, rows, 0).to(tl.int64)
-    nn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = nn < N
-    nc = tl.where(nmask, nn, 0).to(tl.int64)
+    valid, rc = _tile_pairs(pairs_ptr, pm, num_pairs, BLOCK_M)
+    nn, nmask, nc = _tile_cols(N, BLOCK_N)
     acc = _tile_gemm(h_ptr + rc[:, None] * sh, valid[:, None], w_ptr, e * swe + nc * swn, K,
                      tl.zeros([BLOCK_M, BLOCK_N], tl.float32), QT, STEP_B, BLOCK_N, BLOCK_K, FP32, K32)
     wt = tl.load(tw_ptr + rc, mask=valid, other=0.0).to(tl.float32)
@@ -237,15 +225,10 @@ def moe_experts(x, w_gate_up, w_down, topk_ids, topk_weights, **cfg):
         from .int4 import moe_experts as int4_moe_experts
 
         return int4_moe_experts(x, w_gate_up, w_down, topk_ids, topk_weights, **cfg)
-    T, H = x.shape
-    k = topk_ids.shape[1]
-    E, two_i, _ = w_gate_up.shape
-    inter = two_i // 2
-    y = empty((T, H), x.dtype, x.device)
+    r = routing(x, w_gate_up, topk_ids, topk_weights)
+    T, H, k, E, inter, y, ids, tw = r
     if T == 0:
         return y
-    ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
-    tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     wg, qg, sbg, seg, sng = _weight_args(w_gate_up)
     wd, qd, sbd, sed, snd = _weight_args(w_down)
     h = empty((T * k, inter), x.dtype, x.device)
@@ -270,4 +253,4 @@ def moe_experts(x, w_gate_up, w_down, topk_ids, topk_weights, **cfg):
     _grouped_down_kernel[(n_tiles, triton.cdiv(H, bn))](
         h, wd, pairs, tile_e, tw, out, T * k, H, inter, h.stride(0), sed, snd, out.stride(0),
         QT=qd, STEP_B=sbd, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, FP32=fp32, K32=k32, num_warps=warps)
-    return out.view(T, k, H).sum(dim=1).to(x.dtype)
+    return sum_pairs(out, r, x.dtype)
