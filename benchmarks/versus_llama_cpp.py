@@ -61,6 +61,7 @@ from g906.bench.gguf_out import write_synthetic_gguf  # noqa: E402
 from g906.bench.llama_cpp import LlamaCpp  # noqa: E402
 from g906.bench.metrics import LengthSpec, Workload  # noqa: E402
 from g906.bench.offline import make_engine, open_model, run_offline  # noqa: E402
+from g906.bench.online import serve_g906  # noqa: E402
 from g906.errors import G906Error  # noqa: E402
 
 GROUPS = ("dense", "moe", "prefix", "structured", "c64", "spec", "27b", "int4")
@@ -186,7 +187,7 @@ class Run:
                 self.res["llama_cpp"] = {"bin": str(self.llama.bin_dir), "version": self.llama.commit,
                                          "built_here": True, "build_s": round(time.perf_counter() - t, 1)}
                 if self.out_dir:
-                    pack_binaries(self.llama.bin_dir, self.out_dir, self.work)
+                    self.llama.pack(self.out_dir, self.work, log)
                 log(f"llama.cpp built in {time.perf_counter() - t:.0f} s: {self.llama.commit}")
             except Exception as exc:
                 self.llama_error = f"{type(exc).__name__}: {exc}"
@@ -284,22 +285,6 @@ def environment(device: torch.device) -> dict:
     return env
 
 
-def pack_binaries(bin_dir: Path, out_dir: Path, work: Path, part: int = 15 << 20) -> None:
-    """The built tools and their shared libraries as OUT/llama-bin.tar.gz.NN parts."""
-    tmp = work / "llama-bin.tar.gz"
-    with tarfile.open(tmp, "w:gz") as tar:
-        for f in sorted(bin_dir.iterdir()):
-            if f.name in ("llama-bench", "llama-batched-bench", "llama-server") or ".so" in f.name:
-                tar.add(f, arcname=f.name)
-    data = tmp.read_bytes()
-    tmp.unlink()
-    if len(data) > 56 << 20:          # what a device run can bring back beside its results
-        log(f"llama.cpp binaries are {len(data) >> 20} MiB packed: not returned")
-        return
-    for i in range(0, len(data), part):
-        (out_dir / f"llama-bin.tar.gz.{i // part:02d}").write_bytes(data[i:i + part])
-
-
 # ------------------------------------------------------------------------------------- groups
 
 
@@ -365,7 +350,7 @@ def g_c64(run: Run) -> None:
     vocab = 2000 if run.args.quick else 150000
     g = None
     try:
-        with g906_server(path, N, P + O + 64, run.work / "g906-up.log") as url:
+        with serve_g906(path, N, P + O + 64, run.work / "g906-up.log") as url:
             g = run_online(url, wl, vocab=vocab)
     except Exception as exc:
         run.res.setdefault("errors", []).append(f"c64 g906: {type(exc).__name__}: {exc}")
@@ -518,42 +503,6 @@ def g_int4(run: Run) -> None:
     run.row("int4-gemv", "int4 g128 GEMV, 9B projections (T=1)", "GB/s", int4 and int4 / 1e9,
             limit=d and d["copy_gbs"], detail={"q4_k_gbs": q4k and q4k / 1e9, "rows": d},
             error=None if int4 else "int4.py gave no rows")
-
-
-class g906_server:
-    """`g906 up FILE` on a free port; the URL once it prints Ready."""
-
-    def __init__(self, path: Path, seqs: int, max_len: int, log_path: Path, timeout: float = 400):
-        self.args = [sys.executable, "-m", "g906", "up", str(path), "--port", "0", "--skip-doctor",
-                     "--max-num-seqs", str(seqs), "--max-model-len", str(max_len), "--yes"]
-        self.log_path, self.timeout = log_path, timeout
-
-    def __enter__(self) -> str:
-        import re
-
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=ROOT)
-        url = None
-        deadline = time.monotonic() + self.timeout
-        for line in self.proc.stdout:
-            self.log.write(line)
-            m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-            url = url or (m and m.group(0))
-            if "Ready:" in line and url:
-                threading.Thread(target=lambda: [self.log.write(x) for x in self.proc.stdout], daemon=True).start()
-                return url
-            if time.monotonic() > deadline:
-                break
-        self.__exit__()
-        raise G906Error(f"g906 up did not get ready (see {self.log_path})")
-
-    def __exit__(self, *exc) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-        self.log.close()
 
 
 # ------------------------------------------------------------------------------------- table

@@ -166,6 +166,22 @@ class LlamaCpp:
             if log:
                 out.close()
 
+    def pack(self, out_dir: Path, work: Path, log=print, part: int = 15 << 20) -> None:
+        """The tools and their shared libraries as out_dir/llama-bin.tar.gz.NN parts of `part`
+        bytes (what a device run can bring back), when they fit 56 MiB."""
+        tmp = Path(work) / "llama-bin.tar.gz"
+        with tarfile.open(tmp, "w:gz") as tar:
+            for f in sorted(self.bin_dir.iterdir()):
+                if f.name in TOOLS or ".so" in f.name:
+                    tar.add(f, arcname=f.name)
+        data = tmp.read_bytes()
+        tmp.unlink()
+        if len(data) > 56 << 20:
+            log(f"llama.cpp binaries are {len(data) >> 20} MiB packed: not returned")
+            return
+        for i in range(0, len(data), part):
+            (Path(out_dir) / f"llama-bin.tar.gz.{i // part:02d}").write_bytes(data[i:i + part])
+
     # ------------------------------------------------------------------ plumbing
 
     def _env(self) -> dict[str, str]:

@@ -10,9 +10,10 @@ server sends one (stream_options.include_usage), else one per content chunk."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from g906.bench.metrics import RequestRecord, Workload, summarize
 from g906.errors import G906Error
@@ -142,3 +143,45 @@ def run_online(url: str, workload: Workload, *, model: str | None = None, api_ke
         raise G906Error(f"no request to {url} succeeded: {'; '.join(res['errors']) or 'no output'}",
                         hint="check the URL, --api-key, --served-model and the server's log")
     return res
+
+
+@contextlib.contextmanager
+def serve_g906(source, max_num_seqs: int, max_model_len: int, log_path, timeout: float = 400) -> Iterator[str]:
+    """`g906 up SOURCE` on a free loopback port in a subprocess (its output to log_path); yields
+    the URL once it prints Ready, stops it on exit."""
+    import re
+    import subprocess
+    import sys
+    import threading
+
+    args = [sys.executable, "-m", "g906", "up", str(source), "--port", "0", "--skip-doctor",
+            "--max-num-seqs", str(max_num_seqs), "--max-model-len", str(max_model_len), "--yes"]
+    log = open(log_path, "w")
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, text=True)
+    drain = None
+    try:
+        url = ready = None
+        deadline = time.monotonic() + timeout
+        for line in proc.stdout:
+            log.write(line)
+            m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+            url = url or (m and m.group(0))
+            if "Ready:" in line and url:
+                ready = url
+                break
+            if time.monotonic() > deadline:
+                break
+        if ready is None:
+            raise G906Error(f"g906 up did not get ready (see {log_path})")
+        drain = threading.Thread(target=lambda: [log.write(x) for x in proc.stdout], daemon=True)
+        drain.start()
+        yield ready
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        if drain is not None:
+            drain.join(5)
+        log.close()
