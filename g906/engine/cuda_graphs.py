@@ -191,39 +191,43 @@ class DecodeGraphs:
 
     # -- graphs ----------------------------------------------------------------------------------
     def capture(self) -> float:
-        """Capture one graph per batch size (largest first, sharing one memory pool); seconds."""
+        """Capture one graph per batch size (largest first, sharing one memory pool); seconds.
+        A failure (an op that cannot be captured, such as one that syncs with the host, or
+        memory) leaves decode eager on the same padded path, with a warning, rather than failing
+        the engine's start."""
         if not self.use_graphs:
             return 0.0
-        t0 = time.perf_counter()
         self._fill_padding(0)
         self._upload(self.max_batch, self.width)
-        torch.cuda.synchronize(self.device)
+        t0, reserved, stream = capture_begin(self.device)
         from g906.kernels.pdl import graph_launches, pdl_args
 
-        pool = None
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        # graph_launches: the kernels may start while their predecessor ends (g906/kernels/pdl.py)
         from g906.engine.progress import Step
 
-        with torch.cuda.stream(stream), graph_launches(), \
-                Step("Capturing decode graphs", total=len(self.batch_sizes), unit="graphs") as step:
-            self.pdl = bool(pdl_args(self.device))
-            for bs in reversed(self.batch_sizes):
-                self._forward(bs)              # compile / warm the kernels of this shape
-                stream.synchronize()
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool, stream=stream):
-                    out = self._forward(bs)
-                pool = g.pool()
-                self.graphs[bs] = (g, out)
-                step.advance(1)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
-        self.cache.reset_slots([self.scratch_slot])
-        self.capture_seconds = time.perf_counter() - t0
-        log.info("captured %d decode graphs (batch sizes %s) in %.2f s", len(self.graphs),
-                 self.batch_sizes, self.capture_seconds)
+        problem = None
+        try:
+            # graph_launches: the kernels may start while their predecessor ends (g906/kernels/pdl.py)
+            with torch.cuda.stream(stream), graph_launches(), \
+                    Step("Capturing decode graphs", total=len(self.batch_sizes), unit="graphs") as step:
+                self.pdl = bool(pdl_args(self.device))
+                pool = None
+                for bs in reversed(self.batch_sizes):
+                    self._forward(bs)              # compile / warm the kernels of this shape
+                    stream.synchronize()
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g, pool=pool, stream=stream):
+                        out = self._forward(bs)
+                    pool = g.pool()
+                    self.graphs[bs] = (g, out)
+                    step.advance(1)
+        except Exception as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+            self.pdl = False
+        capture_join(self.device, stream)
+        capture_end(self, problem, "decode graphs off (eager decode instead): %s", t0, reserved, log)
+        if self.use_graphs:
+            log.info("captured %d decode graphs (batch sizes %s) in %.2f s", len(self.graphs),
+                     self.batch_sizes, self.capture_seconds)
         return self.capture_seconds
 
     def run(self, seqs, input_ids: torch.Tensor | None = None) -> torch.Tensor:

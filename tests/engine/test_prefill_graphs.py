@@ -373,3 +373,57 @@ def test_the_offline_api_sets_graphs_with_or_without_a_recipe(tmp_path):
     plan = _plan(tmp_path, "prefill_graph_tokens = 64")
     assert config(plan) == (False, 64)
     assert config(plan, prefill_graph_tokens=128) == (False, 128)
+
+
+def test_a_decode_capture_that_fails_leaves_decode_eager(tiny, monkeypatch, caplog):
+    """An op that cannot be captured (one that syncs with the host, as the MoE reference's
+    torch.unique does) fails the decode graphs' capture: the engine warns and decodes eagerly
+    on the same padded path, with the same tokens, instead of failing its start."""
+    vocab = tiny.config.vocab_size
+    params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)]
+    script = _script(vocab, [3, 37, 20, 16], params)
+    want = _drive(_engine(tiny), script)
+    eng = _engine(tiny, decode=True)
+    graphs = eng.runner.graphs
+    capturing = []
+
+    class Capture:
+        def __init__(self, g, pool=None, stream=None):
+            pass
+
+        def __enter__(self):
+            capturing.append(True)
+
+        def __exit__(self, *exc):
+            capturing.clear()
+            return False
+
+    forward = graphs._forward
+
+    def forward_that_syncs(bs):
+        if capturing:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+        return forward(bs)
+
+    class Stream:
+        def __init__(self, *a, **k):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+        def synchronize(self):
+            pass
+
+    monkeypatch.setattr(graphs, "_forward", forward_that_syncs)
+    for name, value in {"CUDAGraph": lambda: None, "graph": Capture, "Stream": Stream,
+                        "stream": lambda s: contextlib.nullcontext(), "current_stream": lambda d=None: Stream(),
+                        "synchronize": lambda d=None: None, "memory_reserved": lambda d=None: 0,
+                        "empty_cache": lambda: None}.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    graphs.use_graphs = True
+    graphs.capture()
+    assert not graphs.use_graphs and not graphs.graphs
+    assert "decode graphs off" in caplog.text and "not permitted when stream is capturing" in caplog.text
+    monkeypatch.undo()
+    assert _drive(eng, script) == want
