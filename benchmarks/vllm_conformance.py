@@ -63,10 +63,14 @@ SHIM = textwrap.dedent('''
                 '[limits]\\nmax_model_len = %d\\nmax_num_seqs = 32\\n'
                 '[engine]\\nreasoning_parser = "%s"\\n' % (model, max_len, parser))
             # no API key, as `vllm serve` by default: clients send the dummy key, raw requests none
-            env = dict(os.environ, PYTHONPATH=G906_ROOT,
-                       OMP_NUM_THREADS="1", **(env_dict or {}))
+            env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_dict or {})}
+            # the test's own PYTHONPATH (if any) after g906's checkout
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (G906_ROOT, (env_dict or {}).get("PYTHONPATH")) if p)
+            # vllm serve's API key: --api-key or the VLLM_API_KEY variable; g906 up takes --api-key
+            key = args[args.index("--api-key") + 1] if "--api-key" in args else env.get("VLLM_API_KEY")
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "g906", "up", str(recipe), "--port", "0", "--skip-doctor"],
+                [sys.executable, "-m", "g906", "up", str(recipe), "--port", "0", "--skip-doctor",
+                 *(["--api-key", key] if key else [])],
                 stdout=subprocess.PIPE, stderr=open(self.tmp / "stderr.txt", "w"), text=True, env=env,
                 cwd=self.tmp)
             self.host, self.port = "127.0.0.1", None
