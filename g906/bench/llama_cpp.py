@@ -158,11 +158,9 @@ class LlamaCpp:
             _wait_healthy(url, proc, timeout)
             yield url
         finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            from g906.bench.online import stop_server
+
+            stop_server(proc, 30)
             if log:
                 out.close()
 

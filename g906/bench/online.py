@@ -177,11 +177,19 @@ def serve_g906(source, max_num_seqs: int, max_model_len: int, log_path, timeout:
         drain.start()
         yield ready
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc, 60)
         if drain is not None:
             drain.join(5)
         log.close()
+
+
+def stop_server(proc, timeout: float) -> None:
+    """SIGTERM (a server drains and exits), SIGKILL after `timeout` seconds."""
+    import subprocess
+
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

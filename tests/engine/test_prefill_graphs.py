@@ -258,6 +258,27 @@ def test_bench_engines_take_the_recipe_value_unless_told(tiny, tmp_path):
     assert make_engine(tiny, wl, base=off, num_kv_blocks=20, prefill_graph_tokens=64).config.prefill_graph_tokens == 64
 
 
+class _Stream:
+    def __init__(self, *a, **k):
+        pass
+
+    def wait_stream(self, other):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+def fake_cuda_capture(monkeypatch, graph_cls, capture_cls) -> None:
+    """torch.cuda's capture API on the CPU: graph_cls for CUDAGraph, capture_cls for
+    torch.cuda.graph, streams and synchronisation that do nothing."""
+    for name, value in {"CUDAGraph": graph_cls, "graph": capture_cls, "Stream": _Stream,
+                        "stream": lambda s: contextlib.nullcontext(), "current_stream": lambda d=None: _Stream(),
+                        "synchronize": lambda d=None: None, "memory_reserved": lambda d=None: 0,
+                        "empty_cache": lambda: None}.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+
+
 class _FakeGraphs:
     """torch.cuda's graph API on the CPU, for driving capture()'s bookkeeping: "capturing" runs
     the forward once; replay() runs the last captured forward again and writes its outputs in
@@ -300,22 +321,8 @@ class _FakeGraphs:
                 fake.capturing = None
             return out
 
-        class Stream:
-            def __init__(s, *a, **k):
-                pass
-
-            def wait_stream(s, other):
-                pass
-
-            def synchronize(s):
-                pass
-
         monkeypatch.setattr(pg, "_forward", recording_forward)
-        for name, value in {"CUDAGraph": Graph, "graph": Capture, "Stream": Stream,
-                            "stream": lambda s: contextlib.nullcontext(), "current_stream": lambda d=None: Stream(),
-                            "synchronize": lambda d=None: None, "memory_reserved": lambda d=None: 0,
-                            "empty_cache": lambda: None}.items():
-            monkeypatch.setattr(torch.cuda, name, value)
+        fake_cuda_capture(monkeypatch, Graph, Capture)
 
 
 @pytest.mark.parametrize("frozen", [False, True], ids=["faithful", "frozen"])
@@ -405,22 +412,8 @@ def test_a_decode_capture_that_fails_leaves_decode_eager(tiny, monkeypatch, capl
             raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
         return forward(bs)
 
-    class Stream:
-        def __init__(self, *a, **k):
-            pass
-
-        def wait_stream(self, other):
-            pass
-
-        def synchronize(self):
-            pass
-
     monkeypatch.setattr(graphs, "_forward", forward_that_syncs)
-    for name, value in {"CUDAGraph": lambda: None, "graph": Capture, "Stream": Stream,
-                        "stream": lambda s: contextlib.nullcontext(), "current_stream": lambda d=None: Stream(),
-                        "synchronize": lambda d=None: None, "memory_reserved": lambda d=None: 0,
-                        "empty_cache": lambda: None}.items():
-        monkeypatch.setattr(torch.cuda, name, value)
+    fake_cuda_capture(monkeypatch, lambda: None, Capture)
     graphs.use_graphs = True
     graphs.capture()
     assert not graphs.use_graphs and not graphs.graphs
