@@ -21,11 +21,8 @@ used when set).
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import gc
 import json
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -39,6 +36,7 @@ import torch  # noqa: E402
 from g906.bench.bandwidth import measure_copy_bandwidth, measure_matmul_flops  # noqa: E402
 from g906.bench.metrics import LengthSpec, Workload  # noqa: E402
 from g906.bench.offline import make_engine, run_offline  # noqa: E402
+from g906.bench.run_record import environment, free, log  # noqa: E402
 from g906.bench.synthetic import build_synthetic  # noqa: E402
 from g906.engine.synthetic import shape_config  # noqa: E402
 from g906.engine.model_runner import DEFAULT_PREFILL_GRAPH_TOKENS  # noqa: E402
@@ -52,51 +50,6 @@ TARGETS = {"9b-f16-decode": 225.0, "9b-q8_0-decode": 350.0, "9b-q4_k-decode": 50
 QUICK_SHAPE = dict(num_hidden_layers=4, hidden_size=256, intermediate_size=512, vocab_size=2048,
                    num_attention_heads=2, num_key_value_heads=1, head_dim=64, linear_num_key_heads=2,
                    linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32)
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def environment(device: torch.device) -> dict:
-    env = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-           "torch": torch.__version__, "device": str(device), "python": sys.version.split()[0]}
-    try:
-        import triton
-
-        env["triton"] = triton.__version__
-    except Exception:
-        env["triton"] = None
-    try:
-        import transformers
-
-        env["transformers"] = transformers.__version__
-    except Exception:
-        env["transformers"] = None
-    if device.type == "cuda":
-        p = torch.cuda.get_device_properties(device)
-        env["gpu"] = p.name
-        env["gpu_memory_gib"] = round(p.total_memory / 2**30, 1)
-        env["hip"] = torch.version.hip
-        env["cuda"] = torch.version.cuda
-    try:
-        def git(*a):
-            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
-
-        env["commit"] = git("rev-parse", "--short", "HEAD") or None
-        # a tree that differs from that commit (a copy sent to a GPU machine) is not that commit
-        if env["commit"] and git("status", "--porcelain", "--untracked-files=no"):
-            env["commit"] += "+changes"
-    except Exception:
-        env["commit"] = None
-    env["commit"] = os.environ.get("G906_COMMIT", env["commit"])
-    return env
-
-
-def free() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def matmul_flops_per_token(loaded, context: int) -> float:
@@ -484,7 +437,7 @@ def main(argv=None) -> int:
     args.groups = [g.strip() for g in args.groups.split(",") if g.strip()]
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     t0 = time.perf_counter()
-    out = {"env": environment(device), "quick": args.quick, "prefill_graph_tokens": args.prefill_graphs,
+    out = {"env": environment(device, ROOT), "quick": args.quick, "prefill_graph_tokens": args.prefill_graphs,
            "gemv_configs": args.gemv_config, "rows": [], "transformers": {}, "eager_vs_graphs": {}}
     log(f"device {out['env'].get('gpu', device)}; measuring copy bandwidth and the fp16 matmul rate")
     out["copy_bandwidth_bytes_s"] = measure_copy_bandwidth(device)

@@ -39,6 +39,7 @@ import versus_llama_cpp as vs  # noqa: E402
 from g906.bench.bandwidth import measure_copy_bandwidth, measure_matmul_flops  # noqa: E402
 from g906.bench.metrics import LengthSpec, Workload  # noqa: E402
 from g906.bench.offline import add_weight_stats, make_engine, run_offline  # noqa: E402
+from g906.bench.run_record import free  # noqa: E402
 from g906.engine.loader import load_model  # noqa: E402
 
 FILES = (("9b-f16", "9B F16"), ("27b-q4_k", "27B Q4_K_M"), ("35b-a3b-q4_k", "35B-A3B Q4_K_M"))
@@ -66,7 +67,7 @@ def g906_figures(run: vs.Run, path: Path, tp: int, n64: int) -> dict:
         if callable(close):
             close()
         del loaded
-        vs.free()
+        free()
     return out
 
 
@@ -97,7 +98,7 @@ def g_file(run: vs.Run, key: str, label: str, ngpu: int) -> None:
         except Exception as exc:            # TP=1 of the larger files may not fit one GPU
             traceback.print_exc()
             res[tp] = {"error": f"{type(exc).__name__}: {exc}"}
-            vs.free()
+            free()
     llama = {}
     for split in SPLITS:
         llama[split] = {
@@ -166,7 +167,7 @@ def main(argv=None) -> int:
         except Exception as exc:
             traceback.print_exc()
             run.res.setdefault("errors", []).append(f"{key}: {type(exc).__name__}: {exc}")
-        vs.free()
+        free()
         run.save()
     print(json.dumps({k: run.res["tp_correct"].get(k) for k in ("greedy_equal", "max_rel_err")}
                      if isinstance(run.res["tp_correct"], dict) else run.res["tp_correct"]))

@@ -39,8 +39,6 @@ table printed at the end."""
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import gc
 import json
 import os
 import subprocess
@@ -62,6 +60,7 @@ from g906.bench.llama_cpp import LlamaCpp  # noqa: E402
 from g906.bench.metrics import LengthSpec, Workload  # noqa: E402
 from g906.bench.offline import make_engine, open_model, run_offline  # noqa: E402
 from g906.bench.online import serve_g906  # noqa: E402
+from g906.bench.run_record import environment, free, log  # noqa: E402
 from g906.errors import G906Error  # noqa: E402
 
 GROUPS = ("dense", "moe", "prefix", "structured", "c64", "spec", "27b", "int4")
@@ -76,16 +75,6 @@ QUICK = dict(num_hidden_layers=4, hidden_size=256, intermediate_size=512, vocab_
              linear_key_head_dim=32, linear_value_head_dim=32)
 QUICK_MOE = dict(QUICK, intermediate_size=256, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
                  shared_expert_intermediate_size=256)
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def free() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 class Run:
@@ -104,7 +93,7 @@ class Run:
         self.llama: LlamaCpp | None = None
         self.llama_error: str | None = None
         self.llama_ready = threading.Event()
-        self.res = {"environment": environment(self.device), "rows": [], "skipped": [], "llama_cpp": {}}
+        self.res = {"environment": environment(self.device, ROOT), "rows": [], "skipped": [], "llama_cpp": {}}
         self.out_name = "versus-llama-cpp.json"
 
     # ---------------------------------------------------------------- output
@@ -255,34 +244,6 @@ class Run:
 
 def _r(x):
     return None if x is None else round(float(x), 2)
-
-
-def environment(device: torch.device) -> dict:
-    env = {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "torch": torch.__version__,
-           "device": str(device), "python": sys.version.split()[0]}
-    try:
-        import triton
-
-        env["triton"] = triton.__version__
-    except Exception:
-        env["triton"] = None
-    if device.type == "cuda":
-        env["gpu"] = torch.cuda.get_device_name(device)
-        try:
-            env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                           capture_output=True, text=True, timeout=30).stdout.strip()
-        except Exception:
-            env["driver"] = None
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                                timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        env["commit"] = (commit + ("+changes" if dirty else "")) or None
-    except Exception:
-        env["commit"] = None
-    env["commit"] = os.environ.get("G906_COMMIT", env["commit"])
-    return env
 
 
 # ------------------------------------------------------------------------------------- groups

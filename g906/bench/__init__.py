@@ -7,5 +7,6 @@
     offline.py     the engine in-process, step by step
     online.py      streamed /v1/completions against a running server
     report.py      rich and Markdown tables
+    run_record.py  what a benchmark script records about its run (versions, GPU, commit)
 
 No torch at import time (the CLI imports this package lazily anyway)."""
