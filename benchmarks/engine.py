@@ -36,7 +36,7 @@ import torch  # noqa: E402
 from g906.bench.bandwidth import measure_copy_bandwidth, measure_matmul_flops  # noqa: E402
 from g906.bench.metrics import LengthSpec, Workload  # noqa: E402
 from g906.bench.offline import make_engine, run_offline  # noqa: E402
-from g906.bench.run_record import environment, free, log  # noqa: E402
+from g906.bench.run_record import environment, free, log, out_path  # noqa: E402
 from g906.bench.synthetic import build_synthetic  # noqa: E402
 from g906.engine.synthetic import shape_config  # noqa: E402
 from g906.engine.model_runner import DEFAULT_PREFILL_GRAPH_TOKENS  # noqa: E402
@@ -443,14 +443,7 @@ def main(argv=None) -> int:
     out["copy_bandwidth_bytes_s"] = measure_copy_bandwidth(device)
     out["matmul_flops_s"] = measure_matmul_flops(device)
     log(f"copy {out['copy_bandwidth_bytes_s'] / 1e9:,.0f} GB/s, matmul {out['matmul_flops_s'] / 1e12:,.1f} TFLOP/s")
-    path = None
-    if args.out:
-        path = Path(args.out)
-        if path.suffix != ".json":
-            path.mkdir(parents=True, exist_ok=True)
-            path = path / "engine.json"
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
+    path = out_path(args.out, "engine.json")
 
     def save() -> None:
         out["seconds"] = round(time.perf_counter() - t0, 1)

@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from g906.bench.multiturn import MultiTurn, run_multiturn  # noqa: E402
 from g906.bench.offline import open_model  # noqa: E402
+from g906.bench.run_record import out_path  # noqa: E402
 from g906.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from g906.engine.sampling_params import SamplingParams  # noqa: E402
 
@@ -205,11 +206,8 @@ def main() -> int:
               f"{conv['ratio_turns_2_on']:.3f} (goal <= {conv['goal']}); KV cache {m['kv_cache_bytes'] / 2**20:.1f} MiB, "
               f"snapshot pool {m['snapshot_pool_bytes'] / 2**20:.1f} MiB ({m['num_snapshots']} slots, "
               f"{m['snapshots_used']} used), {m['cached_blocks']} cached blocks")
-    if args.out:
-        path = Path(args.out)
-        if path.suffix != ".json":
-            path.mkdir(parents=True, exist_ok=True)
-            path = path / "prefix_cache.json"
+    path = out_path(args.out, "prefix_cache.json")
+    if path is not None:
         path.write_text(json.dumps(res, indent=1))
         print(f"\nwrote {path}")
     return 0

@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from g906.bench.run_record import out_path  # noqa: E402
 from g906.bench.synthetic import build_synthetic  # noqa: E402
 from g906.engine.llm_engine import EngineConfig, LLMEngine  # noqa: E402
 from g906.engine.sampling_params import SamplingParams  # noqa: E402
@@ -238,11 +239,8 @@ def main(argv=None) -> int:
             print(f"| {method} | {k} | {m['verify_ms']:.2f} | {'yes' if m['verify_graphs'] else 'no'} | "
                   f"{row['verify_x_decode']:.2f}x | {m['draft_ms']:.2f} |{extra} "
                   + " | ".join(f"{v:.2f}x" for v in proj.values()) + " |")
-    if args.out:
-        p = Path(args.out)
-        if p.suffix != ".json":
-            p.mkdir(parents=True, exist_ok=True)
-            p = p / "speculative.json"
+    p = out_path(args.out, "speculative.json")
+    if p is not None:
         p.write_text(json.dumps(res, indent=1))
         print(f"wrote {p}")
     return 0

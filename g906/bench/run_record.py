@@ -1,5 +1,6 @@
-"""What a benchmark script records about its run (date, versions, GPU, driver, commit) and the
-small helpers its long runs share: a timestamped progress line, freeing the device's cache."""
+"""What a benchmark script records about its run (date, versions, GPU, driver, commit), where it
+writes it, and the small helpers its long runs share: a timestamped progress line, freeing the
+device's cache."""
 
 from __future__ import annotations
 
@@ -23,6 +24,19 @@ def free() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def out_path(out: str | Path | None, default_name: str) -> Path | None:
+    """Where a script writes its JSON: `out` itself when it names a .json file, else
+    out/default_name (the folder made); None without `out`."""
+    if not out:
+        return None
+    path = Path(out)
+    if path.suffix != ".json":
+        path.mkdir(parents=True, exist_ok=True)
+        return path / default_name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _version(module: str) -> str | None:
