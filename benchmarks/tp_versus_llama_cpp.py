@@ -144,13 +144,14 @@ def main(argv=None) -> int:
                          linear_value_head_dim=128, linear_num_key_heads=4, linear_num_value_heads=8,
                          intermediate_size=1024)
         vs.QUICK_MOE.update(moe_intermediate_size=512, shared_expert_intermediate_size=512)
-    run = vs.Run(args)
-    run.out_name = "tp-versus-llama-cpp.json"
-    ngpu = torch.cuda.device_count() if run.device.type == "cuda" else 2
-    run.res["gpus"] = ngpu
-    if ngpu < 2:
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    ngpu = torch.cuda.device_count() if device.type == "cuda" else (2 if args.quick else 0)
+    if ngpu < 2:                        # before any file of the real shapes is written
         print("this needs two GPUs (or --quick --device cpu for the gloo dry run)", file=sys.stderr)
         return 2
+    run = vs.Run(args)
+    run.out_name = "tp-versus-llama-cpp.json"
+    run.res["gpus"] = ngpu
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")          # never NVLink multicast (shared hosts)
     run.start_llama()
     run.res["copy_bandwidth_bytes_s"] = measure_copy_bandwidth(run.device)

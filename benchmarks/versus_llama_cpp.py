@@ -505,6 +505,9 @@ def main(argv=None) -> int:
     bad = [g for g in args.groups if g not in GROUPS]
     if bad:
         ap.error(f"unknown group(s) {', '.join(bad)}; choose from {', '.join(GROUPS)}")
+    if not args.quick and (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cpu"):
+        ap.error("the real shapes need a GPU (files of up to 21 GB, 9B-27B models); "
+                 "--quick --device cpu runs every path at tiny shapes")
     run = Run(args)
     run.start_llama()
     log(f"device {run.device}; measuring copy bandwidth and the fp16 matmul rate")
