@@ -29,6 +29,9 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vllm_conformance_cases import missing_requirement, model_dependent  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_VERSION = "0.34.0"   # the version issue 47 measured against
 
@@ -231,9 +234,13 @@ def extract(sdist: Path, tree: Path) -> list[Path]:
     return sorted(f for f in files if f.name.startswith("test_"))
 
 
-def run_file(tree: Path, f: Path, k: str | None, timeout: int) -> tuple[str, dict[str, int], str]:
+def run_file(tree: Path, f: Path, k: str | None, timeout: int) -> tuple[str, list[tuple[str, str, str]], str]:
+    """("ran", [(test name, outcome, message)], tail) or ("n/a" | "timeout", [], note); outcomes:
+    passed, failed, error, skipped."""
+    report = tree / ".junit.xml"
+    report.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "pytest", str(f.relative_to(tree)), "-q", "-p", "no:cacheprovider",
-           "--tb=line", "-rfE"]
+           "--tb=line", "-rfE", f"--junitxml={report}"]
     if k:
         cmd += ["-k", k]
     env = dict(os.environ, G906_ROOT=str(REPO), PYTHONPATH=str(tree))
@@ -241,16 +248,31 @@ def run_file(tree: Path, f: Path, k: str | None, timeout: int) -> tuple[str, dic
         r = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, timeout=timeout, env=env)
         out = r.stdout + r.stderr
     except subprocess.TimeoutExpired as exc:
-        return "timeout", {}, str(exc.stdout or "")[-500:]
-    counts = {w: int(n) for n, w in re.findall(r"(\d+) (passed|failed|skipped|error|errors)", out)}
-    if "errors" in counts:
-        counts["error"] = counts.pop("errors")
+        return "timeout", [], str(exc.stdout or "")[-500:]
+    cases = _junit_cases(report)
     missing = re.search(r"(?:ModuleNotFoundError: No module named|ImportError: cannot import name) '([\w.]+)'", out)
-    if missing and not counts.get("passed") and not counts.get("failed"):
+    if missing and not any(o in ("passed", "failed") for _, o, _ in cases):
         # the file cannot even be collected here: it needs vLLM itself (its internals, or its
         # tokenizer helpers), or a package of vLLM's test requirements that is not installed
-        return "n/a", counts, f"needs {missing.group(1)}"
-    return "ran", counts, out[-300:]
+        return "n/a", [], f"needs {missing.group(1)}"
+    return "ran", cases, out[-300:]
+
+
+def _junit_cases(report: Path) -> list[tuple[str, str, str]]:
+    import xml.etree.ElementTree as ET
+
+    if not report.exists():
+        return []
+    cases = []
+    for tc in ET.parse(report).getroot().iter("testcase"):
+        outcome, message = "passed", ""
+        for child in tc:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome = {"failure": "failed"}.get(child.tag, child.tag)
+                message = (child.get("message") or "") + "\n" + (child.text or "")
+                break
+        cases.append((tc.get("name", "?"), outcome, message))
+    return cases
 
 
 # what vLLM's tests need besides g906's own environment
@@ -279,23 +301,46 @@ def main() -> None:
             (d / "__init__.py").touch()
             d = d.parent
     totals = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
-    na = 0
+    na_files = na_cases = 0
+    dependent: list[tuple[str, str, str, str]] = []     # (file, test, outcome, reason)
+    failures: list[tuple[str, str, str]] = []
     print(f"vLLM {a.vllm_version}: {len(files)} test files under tests/entrypoints/openai", flush=True)
     for f in files:
-        status, counts, note = run_file(work / "tree", f, a.k, a.timeout)
-        if status == "n/a":
-            na += 1
-            print(f"  n/a   {f.relative_to(work / 'tree' / 'tests' / 'entrypoints' / 'openai')}  ({note})", flush=True)
+        rel = f.relative_to(work / "tree" / "tests" / "entrypoints" / "openai").as_posix()
+        status, cases, note = run_file(work / "tree", f, a.k, a.timeout)
+        if status != "ran":
+            na_files += status == "n/a"
+            print(f"  {status:5} {rel}  ({note})", flush=True)
             continue
-        for key in totals:
-            totals[key] += counts.get(key, 0)
-        print(f"  {status:5} {f.relative_to(work / 'tree' / 'tests' / 'entrypoints' / 'openai')}  " + " ".join(f"{k}={v}" for k, v in counts.items()), flush=True)
+        counts: dict[str, int] = {}
+        for test, outcome, message in cases:
+            if outcome == "error" and missing_requirement(message):
+                outcome = "n/a"
+                na_cases += 1
+            elif (reason := model_dependent(rel, test)) is not None:
+                dependent.append((rel, test, outcome, reason))
+                outcome = "model"
+            else:
+                totals[outcome] += 1
+                if outcome in ("failed", "error"):
+                    failures.append((rel, test, message.strip().splitlines()[0][:200] if message.strip() else ""))
+            counts[outcome] = counts.get(outcome, 0) + 1
+        print(f"  ran   {rel}  " + " ".join(f"{k}={v}" for k, v in sorted(counts.items())), flush=True)
     applicable = totals["passed"] + totals["failed"] + totals["error"]
     rate = 100.0 * totals["passed"] / applicable if applicable else 0.0
-    print(f"files: {len(files)} ({na} not collectable here: they import vLLM itself or a test requirement)")
+    if failures:
+        print("failed or errored (applicable):")
+        for rel, test, first in failures:
+            print(f"  {rel}::{test}  {first}")
+    if dependent:
+        print(f"model-dependent ({len(dependent)} cases, {sum(o == 'passed' for *_, o, _ in dependent)} passed "
+              "anyway): run, reported, not in the rate (vllm_conformance_cases.py says why)")
+        for rel, test, outcome, reason in dependent:
+            print(f"  {outcome:7} {rel}::{test}  ({reason})")
+    print(f"files: {len(files)} ({na_files} not collectable here: they import vLLM itself or a test requirement)")
     print(f"cases: {totals['passed']} passed, {totals['failed']} failed, {totals['error']} errors, "
-          f"{totals['skipped']} skipped; {rate:.1f}% of the applicable cases pass")
-
+          f"{totals['skipped']} skipped, {na_cases} need a missing test requirement, {len(dependent)} model-dependent; "
+          f"{rate:.1f}% of the applicable cases pass")
 
 if __name__ == "__main__":
     main()

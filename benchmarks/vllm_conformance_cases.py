@@ -1,0 +1,49 @@
+"""Which of vLLM's OpenAI-server tests check what a real model says rather than what the server
+does: the conformance runner (vllm_conformance.py) still runs them, reports them apart, and leaves
+them out of the pass rate, since a random-weight model cannot pass them on any server.
+
+Each entry is (file, fnmatch pattern over the test's name with its parameters, reason). A test
+belongs here only when its assertions need the model's judgement (the right answer, a tool
+call the model chose to make, a remembered name), never when it checks a field, a shape, a
+status code or an event order: those count, whatever a random model writes."""
+
+from __future__ import annotations
+
+import fnmatch
+
+ANSWER = "asserts the content of a correct answer (a real model's arithmetic, extraction or memory)"
+CHOSEN_CALL = "tool_choice \"auto\": whether to call a tool is the model's choice, and a random model makes none"
+BOTH_PARTS = "asserts the model both reasons and then answers (a random model may stop inside its reasoning)"
+
+MODEL_DEPENDENT: list[tuple[str, str, str]] = [
+    ("chat_completion/test_completion_with_function_calling.py", "test_function_tool_use[*-auto-*]", CHOSEN_CALL),
+    ("responses/test_basic.py", "test_simple_input", ANSWER),
+    ("responses/test_basic.py", "test_instructions", ANSWER),
+    ("responses/test_basic.py", "test_chat", ANSWER),
+    ("responses/test_simple.py", "test_reasoning_item*", BOTH_PARTS),
+    ("responses/test_stateful.py", "test_previous_response_id", ANSWER),
+    ("responses/test_stateful.py", "test_two_responses_with_same_prev_id", ANSWER),
+    ("responses/test_structured_output.py", "test_structured_output", ANSWER),
+    ("responses/test_structured_output.py", "test_structured_output_with_parse", ANSWER),
+    ("responses/test_namespace_tool_separator.py", "test_namespace_tool_separator*", CHOSEN_CALL),
+    ("responses/test_function_call.py", "test_function_tool_use[auto-*]", CHOSEN_CALL),
+    ("responses/test_function_call.py", "test_function_calling_with_streaming_expected_arguments*", CHOSEN_CALL),
+    ("responses/test_function_call.py", "test_function_calling_with_streaming_forced_tool_choice[auto-*]",
+     CHOSEN_CALL),
+]
+
+# Setup errors that say a test requirement is missing (a package vLLM's CI installs, such as
+# gpt_oss for the Harmony format): not applicable here, like a file that cannot be imported.
+MISSING_REQUIREMENT = ("ModuleNotFoundError", "require gpt_oss package", "No module named")
+
+
+def model_dependent(file: str, test: str) -> str | None:
+    """The reason the test needs a real model, or None."""
+    for f, pattern, reason in MODEL_DEPENDENT:
+        if file == f and fnmatch.fnmatchcase(test, pattern):
+            return reason
+    return None
+
+
+def missing_requirement(message: str) -> bool:
+    return any(s in message for s in MISSING_REQUIREMENT)
