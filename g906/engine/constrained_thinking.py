@@ -126,16 +126,16 @@ class Closing:
     def _tensors(self, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(row indices, each row's end-tag id, bool [rows, vocab] of each row's stop ids)."""
         dev = self.device
-        mask = torch.zeros(len(idx), self.vocab_size, dtype=torch.bool)
-        for j, i in enumerate(idx):
-            mask[j, self._stops[i]] = True
+        # built on the device from the (few) stop ids: no vocabulary-wide host copy per step
+        mask = torch.zeros(len(idx), self.vocab_size, dtype=torch.bool, device=dev)
+        at = [(j, t) for j, i in enumerate(idx) for t in self._stops[i]]
+        mask[torch.tensor([j for j, _ in at], device=dev), torch.tensor([t for _, t in at], device=dev)] = True
         return (torch.tensor(idx, dtype=torch.long, device=dev),
-                torch.tensor([self._end[i] for i in idx], dtype=torch.long, device=dev), mask.to(dev))
+                torch.tensor([self._end[i] for i in idx], dtype=torch.long, device=dev), mask)
 
     def greedy_logits(self, x: torch.Tensor) -> torch.Tensor:
         """x with each greedy row whose best token is a stop id reduced to its end-tag id (every
-        other logit -inf), and the stop ids of the others out of reach; x itself when no greedy
-        row is under the rule."""
+        other logit -inf); x itself when no greedy row is under the rule."""
         if not self.greedy:
             return x
         idx, end, stop = self._tensors(self.greedy)
@@ -143,7 +143,7 @@ class Closing:
         hit = stop.gather(1, sub.argmax(dim=-1, keepdim=True))
         forced = torch.full_like(sub, float("-inf")).scatter_(1, end[:, None], 0.0)
         out = x.clone()
-        out[idx] = torch.where(hit, forced, sub.masked_fill(stop, float("-inf")))
+        out[idx] = torch.where(hit, forced, sub)
         return out
 
     def replace_drawn(self, ids: torch.Tensor) -> torch.Tensor:
