@@ -120,9 +120,6 @@ class Closing:
         self.vocab_size = vocab_size
         self.device = device
 
-    def __bool__(self) -> bool:
-        return bool(self._stops)
-
     def _tensors(self, idx: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(row indices, each row's end-tag id, bool [rows, vocab] of each row's stop ids)."""
         dev = self.device

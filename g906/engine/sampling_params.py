@@ -103,7 +103,7 @@ class SamplingParams:
             ids = getattr(self, name)
             if not all(isinstance(t, int) and t >= 0 for t in ids):
                 raise bad(name, f"entries must be non-negative token ids, got {list(ids)!r}")
-            object.__setattr__(self, name, tuple(ids))
+            setattr(self, name, tuple(ids))
         for t in self.logprob_token_ids or ():
             if not isinstance(t, int) or t < 0:
                 raise bad("logprob_token_ids", f"entries must be non-negative token ids, got {t!r}")
