@@ -16,6 +16,7 @@ from typing import Any
 
 from g906.engine.beam import BeamSearch
 from g906.engine.block_manager import CacheManager
+from g906.engine.constrained_thinking import with_end_tag
 from g906.engine.detokenizer import IncrementalDecoder, make_detokenizer
 from g906.engine.model_runner import DEFAULT_PREFILL_GRAPH_TOKENS, ModelRunner, PendingStep
 from g906.engine.sampler import TokenLogprobs
@@ -132,6 +133,8 @@ class LLMEngine:
             # default context: what the cache budget can hold for one sequence, at most the model's
             self.max_model_len = self._fit_len(mbt)
         self.max_num_batched_tokens = mbt
+        self.eos_token_ids = frozenset(int(t) for t in (*(self.model_config.eos_token_ids or ()),
+                                                        *(getattr(self.tokenizer, "eos_token_ids", None) or ())))
         self.runner = ModelRunner(
             loaded, block_size=config.block_size, max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=mbt, max_model_len=self.max_model_len,
@@ -141,7 +144,7 @@ class LLMEngine:
             prefix_snapshot_share=config.prefix_snapshot_share if use_prefix else 0.0,
             num_prefix_snapshots=config.num_prefix_snapshots if use_prefix else 0,
             extra_kv_bytes_per_block=self._mtp_kv_bytes(spec),
-            reserve_bytes=self._verify_graph_bytes(spec, mbt),
+            reserve_bytes=self._verify_graph_bytes(spec, mbt), eos_token_ids=self.eos_token_ids,
         )
         self.max_model_len = self.runner.max_model_len   # lowered to the cache when not explicit
         s = self.runner.sizing
@@ -162,11 +165,6 @@ class LLMEngine:
 
             self.spec = SpecDecoder(self.runner, self.cache.blocks, spec, max_model_len=self.max_model_len,
                                     max_num_batched_tokens=mbt, prefix=self.prefix)
-        eos = set(self.model_config.eos_token_ids or [])
-        tok_eos = getattr(self.tokenizer, "eos_token_ids", None)
-        if tok_eos:
-            eos |= set(tok_eos)
-        self.eos_token_ids = frozenset(int(t) for t in eos)
         self._requests: dict[str, _Request] = {}
         self.beams = BeamSearch(self)                 # use_beam_search requests (g906/engine/beam.py)
         self.num_prompt_tokens = 0
@@ -278,6 +276,8 @@ class LLMEngine:
             raise ValueError("the engine runs n=1 requests; split n>1 into children with for_child()")
         self.check_prompt(prompt_token_ids)
         self._encode_images(prompt_token_ids, mm)
+        if params.structured_outputs is not None:
+            params = with_end_tag(params, self.grammars.encode)
         seq = Sequence(request_id, [int(t) for t in prompt_token_ids], params)
         seq.mm = mm
         if params.structured_outputs is not None:

@@ -77,12 +77,13 @@ class ModelRunner:
                  num_kv_blocks: int | None = None, seed: int | None = None, fit_len: bool = False,
                  enforce_eager: bool = False, prefill_graph_tokens: int = DEFAULT_PREFILL_GRAPH_TOKENS,
                  prefix_snapshot_share: float = 0.0, num_prefix_snapshots: int | None = None,
-                 extra_kv_bytes_per_block: int = 0, reserve_bytes: int = 0):
+                 extra_kv_bytes_per_block: int = 0, reserve_bytes: int = 0, eos_token_ids=()):
         """prefix_snapshot_share: the part of the cache budget given to prefix-cache state
         snapshots (0 and num_prefix_snapshots None: no snapshot pool); num_prefix_snapshots
         sets their count instead. extra_kv_bytes_per_block: KV bytes a block also holds for the
         MTP block (speculative decoding). reserve_bytes: device memory kept out of the cache
-        budget on a GPU for graphs captured beside the runner's (speculative verify graphs)."""
+        budget on a GPU for graphs captured beside the runner's (speculative verify graphs).
+        eos_token_ids: the model's end ids, for the sampler."""
         self.loaded = loaded
         self.model = loaded.model
         self.config = loaded.config
@@ -102,7 +103,7 @@ class ModelRunner:
         # short prefill steps replayed from graphs (g906/engine/prefill_graphs.py); 0: none
         self.prefill_graph_tokens = prefill_graph_size(prefill_graph_tokens, graphs=padded and not enforce_eager,
                                                        max_num_batched_tokens=max_num_batched_tokens)
-        self.sampler = Sampler(self.device, seed=seed)
+        self.sampler = Sampler(self.device, seed=seed, eos_token_ids=eos_token_ids)
         pin = self.device.type == "cuda"
         m = max_num_batched_tokens
         self._ids = torch.zeros(m, dtype=torch.long, pin_memory=pin)
@@ -404,8 +405,8 @@ class ModelRunner:
 
 
 def sampler_row(s: Sequence) -> SamplerRow:
-    """What the sampler needs of a sequence (its history only where penalties or the thinking
-    budget read it)."""
+    """What the sampler needs of a sequence (its history only where penalties, the thinking
+    budget or a constrained thinking's close read it)."""
     p = s.params
     return SamplerRow(
         key=s.seq_id, params=p,

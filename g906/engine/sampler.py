@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from g906.engine.constrained_thinking import Closing, apply_continuation
 from g906.engine.logit_bias import apply_logit_bias
 from g906.engine.logprob_ids import gather_named, named_top
 from g906.engine.sampling_params import SamplingParams
@@ -40,8 +41,11 @@ class SamplerRow:
 
 
 class Sampler:
-    def __init__(self, device: torch.device | str = "cpu", seed: int | None = None):
+    def __init__(self, device: torch.device | str = "cpu", seed: int | None = None, eos_token_ids=()):
+        """eos_token_ids: the model's end ids (a request under g906/engine/constrained_thinking.py's
+        rule closes its thinking where one would end it)."""
         self.device = torch.device(device)
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self._generators: dict[int, torch.Generator] = {}
         self._shared = torch.Generator(device=self.device)
         if seed is None:
@@ -133,26 +137,28 @@ class Sampler:
     def distribution(self, logits: torch.Tensor, rows: list[SamplerRow],
                      mask: "tuple[list[int], torch.Tensor] | None" = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(processed logits, sampling probabilities) of each row, exactly as launch() computes
-        them before its draw (logit bias, thinking budget, the structured-outputs mask, penalties):
-        the argmax of the first is a greedy row's token; the second (None when every row is
-        greedy) has temperature, top-k, top-p and min-p applied. Speculative verification
-        (g906/engine/spec) samples from these."""
+        them before its draw (logit bias, thinking budget, the structured-outputs mask, penalties,
+        a constrained thinking's stop closing it): the argmax of the first is a greedy row's
+        token; the second (None when every row is greedy) has temperature, top-k, top-p and min-p
+        applied. Speculative verification (g906/engine/spec) samples from these."""
         logits = logits.float()
         params = [r.params for r in rows]
-        x = self._processed(logits, rows, mask)
+        closing = Closing(rows, self.eos_token_ids, logits.shape[1], logits.device)
+        x = self._processed(logits, rows, mask, closing)
         if all(p.greedy for p in params):
             return x, None
-        return x, torch.softmax(self._filter(x, params), dim=-1)
+        return x, closing.sampled_probs(torch.softmax(self._filter(x, params), dim=-1))
 
-    def _processed(self, logits: torch.Tensor, rows: list[SamplerRow], mask) -> torch.Tensor:
+    def _processed(self, logits: torch.Tensor, rows: list[SamplerRow], mask, closing: Closing) -> torch.Tensor:
         """Every row's logits before temperature and the filters: bias, forced thinking end,
-        grammar mask, penalties (the input itself when none applies)."""
-        x = apply_thinking_budget(apply_logit_bias(logits, rows), rows)
+        grammar mask, penalties, and a greedy row's stop token closing its constrained thinking
+        (the input itself when none applies)."""
+        x = apply_continuation(apply_thinking_budget(apply_logit_bias(logits, rows), rows), rows)
         if mask is not None and mask[0]:
             from g906.engine.structured.mask import apply
 
             x = apply(x, mask[0], mask[1])
-        return self._penalize(x, rows)
+        return closing.greedy_logits(self._penalize(x, rows))
 
     def generator_for(self, row: SamplerRow) -> torch.Generator:
         """The generator row's random draws come from: its own when seeded, else the shared one."""
@@ -178,7 +184,8 @@ class Sampler:
         params = [r.params for r in rows]
         want_lp = [p.logprobs is not None for p in params]
         raw_lp = torch.log_softmax(logits, dim=-1) if any(want_lp) else None
-        x = self._processed(logits, rows, mask)
+        closing = Closing(rows, self.eos_token_ids, logits.shape[1], logits.device)
+        x = self._processed(logits, rows, mask, closing)
         if x is not logits:                                # biased, masked or penalised: the given argmax is stale
             argmax = None
         if argmax is None and any(p.greedy for p in params):
@@ -197,7 +204,7 @@ class Sampler:
             for i, r in enumerate(rows):
                 if r.params.seed is not None and not r.params.greedy:
                     q[i].exponential_(generator=self._generator(r))
-            sampled = (probs / q.clamp_min(1e-20)).argmax(dim=-1)
+            sampled = closing.replace_drawn((probs / q.clamp_min(1e-20)).argmax(dim=-1))
             if argmax is None:                             # no greedy row
                 ids = sampled
             else:

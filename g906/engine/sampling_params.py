@@ -38,7 +38,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None   # top logprobs per prompt position (as logprobs; g906/engine/prompt_logprobs.py)
     logprob_token_ids: list[int] | None = None   # with logprobs: these ids' logprobs instead of the top k
     logit_bias: dict[int, float] | None = None   # token id -> added to its logit (g906/engine/logit_bias.py)
-    # a cap on thinking tokens, then the end tag's ids are forced (g906/engine/thinking_budget.py)
+    # a cap on thinking tokens, then the end tag's ids are forced (g906/engine/thinking_budget.py);
+    # the end tag's ids also close the thinking of a constrained request in place of a stop token
+    # (g906/engine/constrained_thinking.py)
     thinking_token_budget: int | None = None
     think_start_ids: tuple[int, ...] = ()
     think_end_ids: tuple[int, ...] = ()
@@ -97,6 +99,11 @@ class SamplingParams:
             raise bad("seed", "must fit in 64 bits")
         if self.thinking_token_budget is not None and self.thinking_token_budget < 0:
             raise bad("thinking_token_budget", f"must be non-negative, got {self.thinking_token_budget}")
+        for name in ("think_start_ids", "think_end_ids"):
+            ids = getattr(self, name)
+            if not all(isinstance(t, int) and t >= 0 for t in ids):
+                raise bad(name, f"entries must be non-negative token ids, got {list(ids)!r}")
+            setattr(self, name, tuple(ids))
         for t in self.logprob_token_ids or ():
             if not isinstance(t, int) or t < 0:
                 raise bad("logprob_token_ids", f"entries must be non-negative token ids, got {t!r}")
@@ -154,9 +161,16 @@ class SamplingParams:
         )
 
     @property
+    def answer_after_thinking(self) -> bool:
+        """Whether a constraint waits for the end of the thinking (think_end_ids): until that tag,
+        a stop token closes the thinking instead of ending the request."""
+        so = self.structured_outputs
+        return so is not None and so.after is not None and bool(self.think_end_ids)
+
+    @property
     def needs_history(self) -> bool:
         """Whether sampling reads the request's output tokens (so a step waits for the last one)."""
-        return self.has_penalties or self.thinking_token_budget is not None
+        return self.has_penalties or self.thinking_token_budget is not None or self.answer_after_thinking
 
     def for_child(self, index: int) -> "SamplingParams":
         """The params of the index-th of n samples: n=1, and a distinct seed when seeded."""

@@ -45,9 +45,13 @@ def forced_token(params, output_ids: list[int]) -> int | None:
 def apply_thinking_budget(logits: torch.Tensor, rows) -> torch.Tensor:
     """logits with each row that must close its thinking reduced to the forced token (every
     other logit -inf: greedy and sampling alike pick it); the input untouched."""
-    forced = [(i, t) for i, r in enumerate(rows)
-              if r.params.thinking_token_budget is not None
-              and (t := forced_token(r.params, r.output_token_ids or [])) is not None]
+    return force(logits, [(i, t) for i, r in enumerate(rows)
+                          if r.params.thinking_token_budget is not None
+                          and (t := forced_token(r.params, r.output_token_ids or [])) is not None])
+
+
+def force(logits: torch.Tensor, forced: list[tuple[int, int]]) -> torch.Tensor:
+    """logits with each (row, token) of `forced` reduced to that token; the input when none."""
     if not forced:
         return logits
     out = logits.clone()

@@ -63,8 +63,9 @@ async def generation_request(st: ServerState, req: P.ChatCompletionRequest, *,
                                     prompt_param="messages", structured=constraint,
                                     default_max_tokens=st.default_max_tokens,
                                     logit_bias=X.logit_bias(req, st.engine.engine.model_config.vocab_size),
-                                    extra=X.thinking_budget(req, make_parser(REASONING, st.reasoning_parser, prompt_text,
-                                                                             st.architecture), st.prompts.encode)
+                                    extra=X.thinking_tags(req, make_parser(REASONING, st.reasoning_parser, prompt_text,
+                                                                           st.architecture), st.prompts.encode,
+                                                          constraint)
                                     | X.engine_prompt_logprobs(req)
                                     | X.logprob_token_ids(req, st.engine.engine.model_config.vocab_size))
     return GenerationRequest(request_id=P.new_id(id_prefix), model=st.served_model_name,

@@ -105,11 +105,14 @@ def usage(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | No
                    total_tokens=prompt_tokens + completion_tokens, completion_tokens_details=details)
 
 
-def thinking_budget(req: P.ChatCompletionRequest, parser, encode) -> dict:
-    """The SamplingParams fields of a thinking_token_budget: the reasoning parser's tags as token
-    ids, and whether the prompt left the thinking open. `parser`: a fresh reasoning parser for
-    the prompt (None: the server has none, a 400); `encode`: text -> token ids."""
-    if req.thinking_token_budget is None:
+def thinking_tags(req: P.ChatCompletionRequest, parser, encode, constraint=None) -> dict:
+    """The SamplingParams fields of the reasoning parser's tags, as token ids, and whether the
+    prompt left the thinking open: for a thinking_token_budget, and for a constraint that waits
+    for the end of the thinking (`after`), whose thinking a stop token closes instead of ending
+    (g906/engine/constrained_thinking.py). `parser`: a fresh reasoning parser for the prompt
+    (None: the server has none, a 400 for a budget); `encode`: text -> token ids."""
+    waits = constraint is not None and constraint.after is not None
+    if req.thinking_token_budget is None and not waits:
         return {}
     if parser is None or not getattr(parser, "end_tag", None):
         raise bad_request("thinking_token_budget needs a reasoning parser (engine.reasoning_parser in the recipe)",

@@ -213,3 +213,32 @@ def test_guide_speculate_leaves_the_matcher_unchanged():
     for t in yes:
         guide.accept(t)
     assert guide.finished and not guide.matcher.is_error()
+
+
+def test_a_stop_inside_a_constrained_thinking_under_speculation(loaded):
+    """A constrained request's stop token inside its thinking becomes </think> (then the grammar's
+    answer) at the same place with and without speculation, greedy; the verify step's drafts
+    cross it. Seeded sampled requests under speculation close their thinking and answer too."""
+    end = loaded.tokenizer.encode("</think>")
+    free, _ = run(loaded, PROMPTS[:2], [SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)] * 2)
+    ks = [next(i for i in range(3, 10) if f[i] not in f[:i] + end + [EOS]) for f in free]
+    regex = "[a-d]{3,9}x"
+    params = [SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=[f[k]],
+                             structured_outputs=S(regex=regex, after="</think>")) for f, k in zip(free, ks)]
+    params.append(SamplingParams(temperature=0.0, max_tokens=30, stop_token_ids=[free[0][ks[0]]]))
+    ref, _ = run(loaded, PROMPTS[:2] + PROMPTS[:1], params)
+    for r, f, k in zip(ref, free, ks):
+        assert r[:k + 1] == f[:k] + end
+        assert re.fullmatch(regex, loaded.tokenizer.decode([t for t in r[k + 1:] if t != EOS]))
+    assert ref[2] in (free[0][:ks[0]], free[0][:ks[0] + 1])      # unconstrained: it stopped there
+    for spec in (MTP[2], NGRAM):
+        got, eng = run(loaded, PROMPTS[:2] + PROMPTS[:1], params, spec)
+        assert got == ref, spec
+        assert eng.stats()["spec_num_draft_tokens"] > 0
+    sampled = [SamplingParams(temperature=1.0, seed=s, max_tokens=40, logit_bias={EOS: 4.0},
+                              structured_outputs=S(regex=regex, after="</think>")) for s in range(4)]
+    got, eng = run(loaded, PROMPTS[:4], sampled, MTP[2])
+    assert eng.stats()["spec_num_draft_tokens"] > 0
+    for g in got:
+        assert end[0] in g
+        assert re.fullmatch(regex, loaded.tokenizer.decode([t for t in g[g.index(end[0]) + 1:] if t != EOS]))

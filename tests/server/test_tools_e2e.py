@@ -128,7 +128,8 @@ def test_thinking_stays_free_and_the_answer_is_constrained(tclient, seed):
                                         extra_body={"structured_outputs": {"choice": [CASES["single"][0]]}})
     ch = r.choices[0]
     assert ch.message.reasoning_content and not ch.message.reasoning_content.startswith("<tool_call>")
-    # the model may end or run out inside its reasoning; whatever follows a </think> is the call
+    # the model may run out inside its reasoning (a stop token there closes it instead of ending
+    # the request); whatever follows a </think> is the call
     assert ch.message.content is None
     if ch.message.tool_calls:
         assert ch.finish_reason == "tool_calls"
@@ -171,7 +172,7 @@ def test_named_tool_choice_calls_that_function(tclient, seed):
     r = tclient.chat.completions.create(
         model="tiny", messages=USER, tools=SMALL, max_tokens=200, seed=seed, n=2,
         tool_choice={"type": "function", "function": {"name": "configure"}})
-    for ch in r.choices:   # thinking on: the reasoning is free, the call follows </think> (if it came)
+    for ch in r.choices:   # thinking on: the reasoning is free, the call follows </think> (unless cut by length)
         if ch.finish_reason == "tool_calls":
             _check_calls([(c.function.name, c.function.arguments) for c in ch.message.tool_calls], {"configure"})
     r = tclient.chat.completions.create(
@@ -179,6 +180,34 @@ def test_named_tool_choice_calls_that_function(tclient, seed):
         tool_choice={"type": "function", "function": {"name": "configure"}})
     assert r.choices[0].finish_reason == "tool_calls"
     _check_calls([(c.function.name, c.function.arguments) for c in r.choices[0].message.tool_calls], {"configure"})
+
+
+# the random model pushed to end inside its thinking: a stop token comes early, while the
+# constraint still waits for </think> (g906/engine/constrained_thinking.py)
+STOPS_EARLY = {"425": 3, "427": 3}
+NAMED = {"type": "function", "function": {"name": "configure"}}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_forced_tool_choice_with_thinking_always_calls(tclient, seed):
+    """Thinking on, tool_choice "required" or named: a stop token inside the thinking closes it
+    and the call follows, every time, streamed or not, n = 2 too; tool_choice auto (no
+    constraint) still ends inside the thinking."""
+    assert build_tokenizer().encode("</think>") == [429]
+    kw = dict(model="tiny", messages=USER, tools=SMALL, max_tokens=600, seed=seed, logit_bias=STOPS_EARLY)
+    for choice, allowed in (("required", set(SCHEMAS)), (NAMED, {"configure"})):
+        r = tclient.chat.completions.create(tool_choice=choice, n=2, **kw)
+        for ch in r.choices:
+            assert ch.finish_reason == "tool_calls" and ch.message.tool_calls, ch
+            assert ch.message.content is None and ch.message.reasoning_content is not None
+            _check_calls([(c.function.name, c.function.arguments) for c in ch.message.tool_calls], allowed)
+        content, calls, finish = stream_message(tclient, tool_choice=choice, **kw)
+        assert finish == "tool_calls" and calls and content is None
+        _check_calls([(n, a) for _, n, a in calls], allowed)
+    # without a constraint (and with </think> out of reach) the same request ends in its thinking
+    kw["logit_bias"] = {**STOPS_EARLY, "429": -100}
+    free = tclient.chat.completions.create(tool_choice="auto", **kw).choices[0]
+    assert free.finish_reason == "stop" and not free.message.tool_calls and free.message.content is None
 
 
 PERSON = {"type": "object", "properties": {
@@ -202,6 +231,24 @@ def test_json_schema_outputs_validate(tclient, seed):
                                         max_tokens=300, seed=seed, extra_body=NO_THINK)
     if r.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_json_schema_with_thinking_always_answers(tclient, seed):
+    """Thinking on, response_format json_schema / json_object: the reasoning, then JSON valid
+    under the schema, even where the model samples its end token while thinking."""
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    kw = dict(model="tiny", messages=USER, max_tokens=400, seed=seed, logit_bias=STOPS_EARLY)
+    r = tclient.chat.completions.create(response_format=rf, **kw)
+    ch = r.choices[0]
+    assert ch.finish_reason == "stop" and ch.message.reasoning_content is not None
+    jsonschema.validate(json.loads(ch.message.content), PERSON)
+    chunks = tclient.chat.completions.create(response_format=rf, stream=True, **kw)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ch.message.content
+    ch = tclient.chat.completions.create(response_format={"type": "json_object"}, **kw).choices[0]
+    assert ch.message.content.lstrip().startswith("{")      # the answer began (a random object may run long)
+    if ch.finish_reason == "stop":
+        assert isinstance(json.loads(ch.message.content), dict)
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -337,3 +337,20 @@ def test_logprob_token_ids(client, server):
 def test_tool_calls_null_without_tool_calls(server):
     r = post(server, "/chat/completions", {"messages": MSG, "max_tokens": 1})
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["tool_calls"] is None
+
+
+def test_thinking_tags_fill_a_constraint_that_waits_for_the_reasoning():
+    """The reasoning parser's end tag reaches SamplingParams for a constraint applied after the
+    reasoning (its stop tokens then close the thinking, g906/engine/constrained_thinking.py), not
+    only for a thinking_token_budget."""
+    from g906.engine.structured import StructuredOutputsParams as S
+    from g906.server import protocol as P
+    from g906.server import vllm_extras as X
+    from g906.server.parsers.qwen3_reasoning import Qwen3ReasoningParser
+
+    req = P.ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}])
+    enc = {"<think>": [5], "</think>": [6]}.__getitem__
+    parser = Qwen3ReasoningParser(opened=True)
+    assert X.thinking_tags(req, parser, enc) == {} and X.thinking_tags(req, parser, enc, S(regex="a")) == {}
+    got = X.thinking_tags(req, parser, enc, S(regex="a", after="</think>"))
+    assert got == dict(thinking_token_budget=None, think_start_ids=(5,), think_end_ids=(6,), think_open=True)

@@ -18,7 +18,8 @@ Per request, speculation is off where it cannot apply: logprobs asked for (rejec
 have none to return) and prompts with images (M-RoPE positions). Such sequences ride in verify
 steps with no drafts, sampled by the plain sampler. Every verify position is sampled as the plain
 sampler would sample it there: logit bias at each position, the thinking budget's forced end tag
-from the output plus the drafts before it, and for structured outputs the grammar's mask after
+and a constrained thinking's stop token closing it (g906/engine/constrained_thinking.py) from the
+output plus the drafts before it, and for structured outputs the grammar's mask after
 the drafts before it (Guide.speculate: the matcher consumes the drafts and rolls back; the
 drafts end before the first one the grammar forbids). The matcher then advances over the
 emitted tokens only, as the engine takes them.

@@ -3,9 +3,10 @@
 Every proposer here drafts deterministically (MTP argmax, n-gram lookup): the draft
 distribution q is one-hot at the draft d. With p_j the target's distribution at draft position
 j (logit bias; the thinking budget's forced token and penalties over the output so far plus the
-drafts before j; the grammar's mask after those drafts; then temperature, top-k, top-p, min-p:
-the sampler's own processing), the standard rule accepts d_j with probability
-min(1, p_j(d_j) / q(d_j)) = p_j(d_j); at the first rejection the token is drawn from
+drafts before j; the grammar's mask after those drafts; then temperature, top-k, top-p, min-p;
+inside a constrained thinking the stop ids' mass moved onto the end tag (g906/engine/
+constrained_thinking.py): the sampler's own processing), the standard rule accepts d_j with
+probability min(1, p_j(d_j) / q(d_j)) = p_j(d_j); at the first rejection the token is drawn from
 norm(max(p_j - q, 0)) = p_j without d_j, renormalised; when all k drafts are accepted a bonus
 token is drawn from p_k. The emitted tokens then follow the target's distribution exactly
 (Leviathan et al. 2023, Chen et al. 2023). Greedy rows accept while the draft equals the
