@@ -1,0 +1,102 @@
+"""Stored responses (the Responses API's `store`): kept in memory, at most `max_count` of them,
+the least recently used dropped first; and the background responses that run in the server's
+event loop, which can be cancelled.
+
+Each entry holds the response object, its input items (for the input_items listing) and the
+conversation as chat messages (for previous_response_id). A continued conversation shares its
+earlier message objects with the response it continues (lists of references, not copies), so
+a chain of N turns costs N message objects plus N lists of references."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("g906.server")
+
+DEFAULT_MAX_STORED_RESPONSES = 1000
+RUNNING = ("queued", "in_progress")
+
+
+@dataclass
+class StoredResponse:
+    response: dict
+    input_items: list[dict]
+    history: list[dict]                          # chat messages: the conversation, this answer included
+    namespaces: dict = field(default_factory=dict)
+    task: asyncio.Task | None = None             # a background response's generation
+    streams: list = field(default_factory=list)  # its engine streams (closed to abort it)
+
+    @property
+    def running(self) -> bool:
+        return self.response.get("status") in RUNNING
+
+
+class ResponsesStore:
+    def __init__(self, max_count: int = DEFAULT_MAX_STORED_RESPONSES):
+        if max_count < 1:
+            raise ValueError("the responses store holds at least one response")
+        self.max_count = max_count
+        self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, response_id: str) -> StoredResponse | None:
+        entry = self._entries.get(response_id)
+        if entry is not None:
+            self._entries.move_to_end(response_id)
+        return entry
+
+    def put(self, response_id: str, entry: StoredResponse) -> None:
+        self._entries[response_id] = entry
+        self._entries.move_to_end(response_id)
+        self._evict()
+
+    def _evict(self) -> None:
+        """Drop the least recently used finished responses beyond max_count (a running background
+        response stays until it ends: its task would otherwise write into nothing)."""
+        excess = len(self._entries) - self.max_count
+        if excess <= 0:
+            return
+        for rid in [rid for rid, e in self._entries.items() if not e.running][:excess]:
+            del self._entries[rid]
+
+    def delete(self, response_id: str) -> StoredResponse | None:
+        entry = self._entries.pop(response_id, None)
+        if entry is not None:
+            cancel_task(entry)
+        return entry
+
+    def background_tasks(self) -> list[asyncio.Task]:
+        return [e.task for e in self._entries.values() if e.task is not None and not e.task.done()]
+
+    async def close(self) -> None:
+        """Cancel the background responses still running (their engine requests are aborted)."""
+        tasks = self.background_tasks()
+        for e in self._entries.values():
+            cancel_task(e)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def cancel_task(entry: StoredResponse) -> None:
+    """Stop a background response: its engine requests at once, then its task."""
+    for s in entry.streams:
+        s.close()
+    if entry.task is not None and not entry.task.done():
+        entry.task.cancel()
+
+
+def settle(entry: StoredResponse, store: ResponsesStore) -> None:
+    """A background entry that ended: drop what only the run needed, let the store evict again."""
+    entry.task = None
+    entry.streams = []
+    store._evict()
+
+
+def log_failure(response_id: str, exc: BaseException) -> Any:
+    log.error("background response %s failed", response_id, exc_info=exc)
