@@ -10,12 +10,8 @@ a chain of N turns costs N message objects plus N lists of references."""
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
-
-log = logging.getLogger("g906.server")
 
 DEFAULT_MAX_STORED_RESPONSES = 1000
 RUNNING = ("queued", "in_progress")
@@ -96,7 +92,3 @@ def settle(entry: StoredResponse, store: ResponsesStore) -> None:
     entry.task = None
     entry.streams = []
     store._evict()
-
-
-def log_failure(response_id: str, exc: BaseException) -> Any:
-    log.error("background response %s failed", response_id, exc_info=exc)

@@ -172,3 +172,20 @@ def test_close_cancels_background_tasks():
 
     e = asyncio.run(run())
     assert e.streams[0].closed and e.task.cancelled()
+
+
+def test_shutdown_with_a_background_response_running(tmp_path):
+    from tests.server.conftest import MAIN_RECIPE, openai_client, start_server, stop_server
+
+    s = start_server(tmp_path, MAIN_RECIPE)
+    try:
+        c = openai_client(s)
+        resp = c.responses.create(model="tiny", input="A long story", background=True, max_output_tokens=400,
+                                  reasoning=NO_THINKING, extra_body={"ignore_eos": True})
+        while c.responses.retrieve(resp.id).status == "queued":
+            time.sleep(0.01)
+    finally:
+        code = stop_server(s)
+    err = s.stderr_path.read_text()
+    assert code == 0, err[-3000:]
+    assert "Traceback" not in err and "Task was destroyed" not in err, err[-3000:]
