@@ -67,7 +67,7 @@ class OutputBuilder:
         if part is not None:
             item["content"].append(part)
             events.append({"type": "response.content_part.added", "item_id": item["id"], "output_index": index,
-                           "content_index": 0, "part": dict(part, logprobs=[]) if "logprobs" in part else dict(part)})
+                           "content_index": 0, "part": _copy(part)})
         return events
 
     def _close(self, status: str = "completed") -> list[dict]:
@@ -98,20 +98,16 @@ class OutputBuilder:
             self.pending_lp = []
             return []
         lps, self.pending_lp = self.pending_lp, []
-        as_ids = False
-        return [lp.model_dump(mode="json") for lp in chat_logprobs(self.ctx.eng, lps, as_ids)]
+        return [lp.model_dump(mode="json") for lp in chat_logprobs(self.ctx.eng, lps)]
 
     # -- deltas -----------------------------------------------------------------------------------
 
     def feed(self, d: ParsedDelta) -> list[dict]:
         events: list[dict] = []
         self.pending_lp.extend(d.logprobs or [])
-        if not d.finished:
-            for idx, item in self.calls.items():
-                if idx not in self.whole_calls and _is_object(item["arguments"]):
-                    self.whole_calls.add(idx)
         if d.reasoning:
-            self.pending_lp = []            # the reasoning's tokens: output_text logprobs are the text's
+            if not d.content:               # the reasoning's tokens: output_text logprobs are the text's
+                self.pending_lp = []        # (a step that ends the reasoning and starts the text gives its to the text)
             if self.open is None or self.open["type"] != "reasoning":
                 events += self._open({"id": new_item_id("rs"), "type": "reasoning", "summary": [], "content": [],
                                       "status": "in_progress"})
@@ -150,6 +146,8 @@ class OutputBuilder:
                 item["arguments"] += t.arguments
                 events.append({"type": "response.function_call_arguments.delta", "item_id": item["id"],
                                "output_index": self.items.index(item), "delta": t.arguments})
+            if not d.finished and _is_object(item["arguments"]):
+                self.whole_calls.add(t.index)    # written whole before the output ended
         return events
 
     def finish(self, finish_reason: str | None) -> list[dict]:

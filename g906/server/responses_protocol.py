@@ -477,7 +477,7 @@ def translate(req: ResponsesRequest, history: list[dict]) -> Translation:
     for name in ("repetition_penalty", "presence_penalty", "frequency_penalty"):
         if getattr(req, name) is not None:
             body[name] = getattr(req, name)
-    if choice is not None and not tools and choice != "none":
+    if choice == "required" and not tools:
         raise bad_request(f"tool_choice {choice!r} needs tools", param="tool_choice")
     try:
         chat = P.ChatCompletionRequest.model_validate(body, strict=False)

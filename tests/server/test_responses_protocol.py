@@ -102,6 +102,8 @@ def test_tools_namespaces_and_tool_choice():
     assert [x["type"] for x in t.tools] == ["function", "namespace"]
     for choice in ("auto", "none", "required"):
         assert tr({"input": "x", "tools": [fn], "tool_choice": choice}).chat.tool_choice == choice
+    for choice in ("auto", "none"):          # without tools: nothing to call, not an error
+        assert tr({"input": "x", "tools": [], "tool_choice": choice}).chat.tools is None
     with pytest.raises(APIError) as e:
         tr({"input": "x", "tools": [fn, dict(fn)]})
     assert e.value.param == "tools.1.name" and "twice" in e.value.message
