@@ -242,6 +242,19 @@ async def response_full(ctx: ResponseContext, asm: ResponseAssembler, streams: l
     return response_object(ctx, status=b.status, output=b.items, usage_=usage(asm), asm=asm)
 
 
+def failure(response_id: str, exc: BaseException) -> APIError:
+    """The error a generation that failed under way reports (logged here, as the app's handlers do)."""
+    from g906.engine.async_engine import EngineDead
+
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, EngineDead):      # the engine stopped under it: unavailable, not a bug here
+        log.error("response %s: %s", response_id, exc)
+        return APIError(503, str(exc), code="engine_unavailable")
+    log.error("response %s failed", response_id, exc_info=exc)
+    return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error")
+
+
 def sse(event: dict, seq: int) -> str:
     event = {**event, "sequence_number": seq}
     return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
@@ -267,6 +280,5 @@ async def response_stream(ctx: ResponseContext, asm: ResponseAssembler, streams:
         on_done(final)
         yield sse({"type": f"response.{b.status}", "response": final}, seq)
     except Exception as exc:  # noqa: BLE001 - the status line is gone; report in the stream
-        log.exception("responses stream failed")
-        err = exc if isinstance(exc, APIError) else APIError(500, f"the engine failed while streaming: {exc}")
+        err = failure(ctx.id, exc)
         yield sse({"type": "error", "code": err.code or err.type, "message": err.message, "param": err.param}, seq)

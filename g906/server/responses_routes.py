@@ -9,7 +9,6 @@ OpenAI's shape through the app's handlers (errors.py), as on the other OpenAI ro
 from __future__ import annotations
 
 import asyncio
-import logging
 import uuid
 
 from starlette.requests import Request
@@ -23,15 +22,12 @@ from g906.server.disconnect import race_disconnect
 from g906.server.errors import APIError, bad_request
 from g906.server.generation import start
 from g906.server.intake import ignored_fields_header, parse_request, report_ignored
-from g906.server.responses_answers import (ResponseContext, history_of, response_full, response_object,
+from g906.server.responses_answers import (ResponseContext, failure, history_of, response_full, response_object,
                                            response_stream)
 from g906.server.responses_protocol import ResponsesRequest, ignored_fields, translate
 from g906.server.responses_store import StoredResponse, cancel_task, settle
 from g906.server.sse import SSEResponse
 from g906.server.state import ServerState, state_of
-
-log = logging.getLogger("g906.server")
-
 
 def _not_found(response_id: str, param: str | None = None) -> APIError:
     return APIError(404, f"Response with id '{response_id}' not found.", param=param, code="response_not_found")
@@ -106,27 +102,15 @@ async def _run_background(st: ServerState, ctx: ResponseContext, asm: ResponseAs
         settle(entry, st.responses)
         raise
     except Exception as exc:  # noqa: BLE001 - the client polls: the failure is the response's status
-        err = background_error(ctx.id, exc)
-        entry.response = {**entry.response, "status": "failed", "error": {"code": err.code, "message": err.message}}
+        err = failure(ctx.id, exc)
+        # the response's error codes are OpenAI's few: a server-side failure is server_error
+        entry.response = {**entry.response, "status": "failed", "error": {"code": "server_error", "message": err.message}}
         settle(entry, st.responses)
         return
     if entry.response.get("status") != "cancelled":
         entry.response = resp
         entry.history = entry.history + history_of(resp["output"], ctx.tr.namespaces)
     settle(entry, st.responses)
-
-
-def background_error(response_id: str, exc: BaseException) -> APIError:
-    """The error a failed background response reports (logged here, as the app's handlers do)."""
-    from g906.engine.async_engine import EngineDead
-
-    if isinstance(exc, APIError):
-        return exc
-    if isinstance(exc, EngineDead):      # the engine stopped under it: unavailable, not a bug here
-        log.error("background response %s: %s", response_id, exc)
-        return APIError(503, str(exc), code="engine_unavailable")
-    log.error("background response %s failed", response_id, exc_info=exc)
-    return APIError(500, f"internal error: {type(exc).__name__}", code="server_error")
 
 
 async def retrieve_response(request: Request) -> Response:

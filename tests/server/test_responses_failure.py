@@ -14,7 +14,7 @@ from g906.engine.async_engine import AsyncEngine
 from g906.engine.llm import PromptBuilder
 from g906.server.app import ServerState, create_app
 from g906.serving import build_engine, load_and_resolve
-from openai.types.responses import ResponseErrorEvent
+from openai.types.responses import Response, ResponseErrorEvent
 
 
 @pytest.fixture()
@@ -49,6 +49,7 @@ def test_stream_ends_with_an_error_event(failing):
     assert [d["type"] for d in data[:2]] == ["response.created", "response.in_progress"]
     err = ResponseErrorEvent.model_validate(data[-1])
     assert "illegal memory access" in err.message and err.sequence_number == len(data) - 1
+    assert err.code == "engine_unavailable"
 
 
 def test_background_response_fails(failing):
@@ -63,3 +64,4 @@ def test_background_response_fails(failing):
         time.sleep(0.05)
     assert body["status"] == "failed"
     assert "illegal memory access" in body["error"]["message"]
+    assert Response.model_validate(body).error.code == "server_error"
