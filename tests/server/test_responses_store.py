@@ -78,13 +78,14 @@ def test_previous_response_id_continues_the_conversation(client):
         client.responses.create(model="tiny", input="x", previous_response_id="resp_missing")
 
 
-def test_two_branches_from_one_response(aclient):
+def test_two_branches_from_one_response(server):
     async def run():
-        first = await aclient.responses.create(model="tiny", input="BASE", max_output_tokens=4)
-        a, b = await asyncio.gather(*(aclient.responses.create(
-            model="tiny", input=word, previous_response_id=first.id, max_output_tokens=4,
-            extra_body={"enable_response_messages": True}) for word in ("BRANCH-A", "BRANCH-B")))
-        return a, b
+        # a client of this event loop (the session's async client belongs to no loop of ours)
+        async with openai.AsyncOpenAI(base_url=server.v1, api_key=API_KEY, max_retries=0, timeout=120) as ac:
+            first = await ac.responses.create(model="tiny", input="BASE", max_output_tokens=4)
+            return await asyncio.gather(*(ac.responses.create(
+                model="tiny", input=word, previous_response_id=first.id, max_output_tokens=4,
+                extra_body={"enable_response_messages": True}) for word in ("BRANCH-A", "BRANCH-B")))
 
     a, b = asyncio.run(run())
     assert "BASE" in _prompt(a) and "BASE" in _prompt(b)
