@@ -33,6 +33,18 @@ def _not_found(response_id: str, param: str | None = None) -> APIError:
     return APIError(404, f"Response with id '{response_id}' not found.", param=param, code="response_not_found")
 
 
+# the chat request's fields as the Responses request names them (a chat message's index is not an
+# input item's: turns merge, instructions come first)
+_PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
+           "response_format": "text.format", "chat_template_kwargs": "chat_template_kwargs"}
+
+
+def _responses_param(param: str | None) -> str | None:
+    if param is None:
+        return None
+    return _PARAMS.get(param.split(".")[0], param)
+
+
 def _stored(st: ServerState, response_id: str) -> StoredResponse:
     entry = st.responses.get(response_id)
     if entry is None:
@@ -59,7 +71,11 @@ async def create_response(request: Request) -> Response:
                               f"(status {prev.response['status']})", param="previous_response_id")
     tr = translate(req, prev.history if prev is not None else [])
     names = report_ignored(st, sorted(set(ignored_fields(req) + tr.ignored)))
-    greq = await generation_request(st, tr.chat, id_prefix="resp", fit_max_tokens=True)
+    try:
+        greq = await generation_request(st, tr.chat, id_prefix="resp", fit_max_tokens=True)
+    except APIError as exc:
+        exc.param = _responses_param(exc.param)
+        raise
     greq.request_id = f"resp_{uuid.uuid4().hex}"
     ctx = ResponseContext(id=greq.request_id, req=req, tr=tr, eng=st.engine.engine, model=greq.model)
     asm = ResponseAssembler(greq, reasoning_parser=st.reasoning_parser, tool_parser=st.tool_parser,

@@ -272,3 +272,12 @@ def test_openapi_lists_the_routes(server):
                  "/v1/responses/{response_id}/input_items"):
         assert path in doc["paths"]
     assert "ResponsesRequest" in doc["components"]["schemas"]
+
+
+def test_errors_of_the_chat_route_name_responses_fields(server):
+    # the context limit; a template variable the template cannot take
+    r = post(server, {"input": "x", "chat_template_kwargs": {"tools": 5}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
+    r = post(server, {"input": "word " * 600, "max_output_tokens": 4})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text
+    assert r.json()["error"]["code"] == "context_length_exceeded"
