@@ -29,6 +29,7 @@ from g906.server.responses_store import StoredResponse, cancel_task, settle
 from g906.server.sse import SSEResponse
 from g906.server.state import ServerState, state_of
 
+
 def _not_found(response_id: str, param: str | None = None) -> APIError:
     return APIError(404, f"Response with id '{response_id}' not found.", param=param, code="response_not_found")
 
@@ -36,7 +37,7 @@ def _not_found(response_id: str, param: str | None = None) -> APIError:
 # the chat request's fields as the Responses request names them (a chat message's index is not an
 # input item's: turns merge, instructions come first)
 _PARAMS = {"messages": "input", "max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
-           "response_format": "text.format", "chat_template_kwargs": "chat_template_kwargs"}
+           "response_format": "text.format"}
 
 
 def _responses_param(param: str | None) -> str | None:
@@ -86,7 +87,7 @@ async def create_response(request: Request) -> Response:
     def keep(resp: dict) -> StoredResponse | None:
         if not req.store:
             return None
-        entry = StoredResponse(response=resp, input_items=tr.input_items, namespaces=tr.namespaces,
+        entry = StoredResponse(response=resp, input_items=tr.input_items,
                                history=tr.history + history_of(resp["output"], tr.namespaces))
         st.responses.put(ctx.id, entry)
         return entry

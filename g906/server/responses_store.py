@@ -22,7 +22,6 @@ class StoredResponse:
     response: dict
     input_items: list[dict]
     history: list[dict]                          # chat messages: the conversation, this answer included
-    namespaces: dict = field(default_factory=dict)
     task: asyncio.Task | None = None             # a background response's generation
     streams: list = field(default_factory=list)  # its engine streams (closed to abort it)
 
@@ -50,9 +49,9 @@ class ResponsesStore:
     def put(self, response_id: str, entry: StoredResponse) -> None:
         self._entries[response_id] = entry
         self._entries.move_to_end(response_id)
-        self._evict()
+        self.evict()
 
-    def _evict(self) -> None:
+    def evict(self) -> None:
         """Drop the least recently used finished responses beyond max_count (a running background
         response stays until it ends: its task would otherwise write into nothing)."""
         excess = len(self._entries) - self.max_count
@@ -67,17 +66,6 @@ class ResponsesStore:
             cancel_task(entry)
         return entry
 
-    def background_tasks(self) -> list[asyncio.Task]:
-        return [e.task for e in self._entries.values() if e.task is not None and not e.task.done()]
-
-    async def close(self) -> None:
-        """Cancel the background responses still running (their engine requests are aborted)."""
-        tasks = self.background_tasks()
-        for e in self._entries.values():
-            cancel_task(e)
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-
 
 def cancel_task(entry: StoredResponse) -> None:
     """Stop a background response: its engine requests at once, then its task."""
@@ -91,4 +79,4 @@ def settle(entry: StoredResponse, store: ResponsesStore) -> None:
     """A background entry that ended: drop what only the run needed, let the store evict again."""
     entry.task = None
     entry.streams = []
-    store._evict()
+    store.evict()

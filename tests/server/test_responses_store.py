@@ -155,7 +155,7 @@ def test_store_is_a_bounded_lru():
     assert st.responses.max_count == 3
 
 
-def test_close_cancels_background_tasks():
+def test_delete_cancels_a_running_background_response():
     class Stream:
         closed = False
 
@@ -168,7 +168,8 @@ def test_close_cancels_background_tasks():
         e.streams = [Stream()]
         e.task = asyncio.ensure_future(asyncio.sleep(60))
         s.put("x", e)
-        await s.close()
+        assert s.delete("x") is e and s.get("x") is None
+        await asyncio.gather(e.task, return_exceptions=True)
         return e
 
     e = asyncio.run(run())
