@@ -191,3 +191,21 @@ def test_shutdown_with_a_background_response_running(tmp_path):
     err = s.stderr_path.read_text()
     assert code == 0, err[-3000:]
     assert "Traceback" not in err and "Task was destroyed" not in err, err[-3000:]
+
+
+def test_tool_loop_through_previous_response_id(client):
+    from tests.server.test_responses import WEATHER
+
+    first = client.responses.create(model="tiny", input="Weather?", tools=[WEATHER], tool_choice="required",
+                                    reasoning=NO_THINKING, max_output_tokens=200, temperature=0.0)
+    call = next(o for o in first.output if o.type == "function_call")
+    second = client.responses.create(model="tiny", previous_response_id=first.id, tools=[WEATHER],
+                                     reasoning=NO_THINKING, max_output_tokens=4,
+                                     input=[{"type": "function_call_output", "call_id": call.call_id,
+                                             "output": "RESULT-42"}],
+                                     extra_body={"enable_response_messages": True})
+    prompt = _prompt(second)
+    # the stored call is the assistant's turn, the output answers it
+    assert prompt.index("<function=get_weather>") < prompt.index("<tool_response>\nRESULT-42")
+    items = list(client.responses.input_items.list(second.id))
+    assert [i.type for i in items] == ["function_call_output"]
