@@ -260,8 +260,10 @@ def sse(event: dict, seq: int) -> str:
     return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
 
 
-async def response_stream(ctx: ResponseContext, asm: ResponseAssembler, streams: list, on_done) -> AsyncIterator[str]:
-    """The events of one response; on_done(response) is called with the final object (storing it)."""
+async def response_stream(ctx: ResponseContext, asm: ResponseAssembler, streams: list, on_done,
+                          on_failed=None) -> AsyncIterator[str]:
+    """The events of one response; on_done(response) is called with the final object (storing
+    it), on_failed(APIError) when the generation failed."""
     seq = 0
     start = response_object(ctx, status="in_progress")
     for kind in ("response.created", "response.in_progress"):
@@ -281,4 +283,6 @@ async def response_stream(ctx: ResponseContext, asm: ResponseAssembler, streams:
         yield sse({"type": f"response.{b.status}", "response": final}, seq)
     except Exception as exc:  # noqa: BLE001 - the status line is gone; report in the stream
         err = failure(ctx.id, exc)
+        if on_failed is not None:
+            on_failed(err)
         yield sse({"type": "error", "code": err.code or err.type, "message": err.message, "param": err.param}, seq)

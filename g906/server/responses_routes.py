@@ -25,7 +25,7 @@ from g906.server.intake import ignored_fields_header, parse_request, report_igno
 from g906.server.responses_answers import (ResponseContext, failure, history_of, response_full, response_object,
                                            response_stream)
 from g906.server.responses_protocol import ResponsesRequest, ignored_fields, translate
-from g906.server.responses_store import StoredResponse, cancel_task, settle
+from g906.server.responses_store import EventLog, StoredResponse, cancel_task, settle
 from g906.server.sse import SSEResponse
 from g906.server.state import ServerState, state_of
 
@@ -59,9 +59,6 @@ async def create_response(request: Request) -> Response:
     assert isinstance(req, ResponsesRequest)
     if req.background and not req.store:
         raise bad_request("background can only be used when `store` is true", param="background")
-    if req.background and req.stream:
-        raise bad_request("background responses are not streamed by this server: poll GET /v1/responses/{id}",
-                          param="stream")
     prev: StoredResponse | None = None
     if req.previous_response_id is not None:
         prev = st.responses.get(req.previous_response_id)
@@ -95,7 +92,10 @@ async def create_response(request: Request) -> Response:
     if req.background:
         entry = keep(response_object(ctx, status="queued"))
         entry.streams = streams
+        entry.log = EventLog() if req.stream else None
         entry.task = asyncio.ensure_future(_run_background(st, ctx, asm, streams, entry))
+        if entry.log is not None:     # its reader may go away: the generation goes on (no requests=)
+            return SSEResponse(entry.log.read(), headers=headers, request_id=ctx.id)
         return JSONResponse(entry.response, headers=headers)
     if req.stream:
         return SSEResponse(response_stream(ctx, asm, streams, keep), headers=headers, request_id=ctx.id,
@@ -110,33 +110,53 @@ async def create_response(request: Request) -> Response:
 async def _run_background(st: ServerState, ctx: ResponseContext, asm: ResponseAssembler, streams: list,
                           entry: StoredResponse) -> None:
     """A background response's generation: queued -> in_progress -> completed / incomplete /
-    failed; a cancel (or the server's end) leaves it cancelled."""
+    failed; a cancel (or the server's end) leaves it cancelled. With an event log, its events are
+    kept there for the readers."""
     entry.response = {**entry.response, "status": "in_progress"}
+
+    def done(resp: dict) -> None:
+        if entry.response.get("status") != "cancelled":
+            entry.response = resp
+            entry.history = entry.history + history_of(resp["output"], ctx.tr.namespaces)
+
+    def failed(err: APIError) -> None:
+        # the response's error codes are OpenAI's few: a server-side failure is server_error
+        entry.response = {**entry.response, "status": "failed", "error": {"code": "server_error",
+                                                                          "message": err.message}}
+
     try:
-        resp = await response_full(ctx, asm, streams)
+        if entry.log is not None:
+            async for event in response_stream(ctx, asm, streams, done, failed):
+                entry.log.add(event)
+        else:
+            done(await response_full(ctx, asm, streams))
     except asyncio.CancelledError:
         entry.response = {**entry.response, "status": "cancelled"}
-        settle(entry, st.responses)
         raise
     except Exception as exc:  # noqa: BLE001 - the client polls: the failure is the response's status
-        err = failure(ctx.id, exc)
-        # the response's error codes are OpenAI's few: a server-side failure is server_error
-        entry.response = {**entry.response, "status": "failed", "error": {"code": "server_error", "message": err.message}}
+        failed(failure(ctx.id, exc))
+    finally:
+        if entry.log is not None:
+            entry.log.end()
         settle(entry, st.responses)
-        return
-    if entry.response.get("status") != "cancelled":
-        entry.response = resp
-        entry.history = entry.history + history_of(resp["output"], ctx.tr.namespaces)
-    settle(entry, st.responses)
 
 
 async def retrieve_response(request: Request) -> Response:
     st = state_of(request)
     check_auth(request, st)
-    if request.query_params.get("stream", "false").lower() == "true":
-        raise bad_request("stream: replaying a stored response as events is not supported by this server",
+    entry = _stored(st, request.path_params["response_id"])
+    q = request.query_params
+    if q.get("stream", "false").lower() != "true":
+        return JSONResponse(entry.response)
+    if entry.log is None:
+        raise bad_request("stream: only a background response created with stream=true has events to replay",
                           param="stream")
-    return JSONResponse(_stored(st, request.path_params["response_id"]).response)
+    try:
+        after = int(q.get("starting_after", "-1"))
+    except ValueError:
+        raise bad_request("starting_after must be an event's sequence number (an integer)",
+                          param="starting_after") from None
+    return SSEResponse(entry.log.read(after), request_id=entry.response["id"])
 
 
 async def delete_response(request: Request) -> Response:

@@ -2,8 +2,9 @@
 the least recently used dropped first; and the background responses that run in the server's
 event loop, which can be cancelled.
 
-Each entry holds the response object, its input items (for the input_items listing) and the
-conversation as chat messages (for previous_response_id). A continued conversation shares its
+Each entry holds the response object, its input items (for the input_items listing), the
+conversation as chat messages (for previous_response_id) and, for a background response created
+with stream=true, its events (for replays). A continued conversation shares its
 earlier message objects with the response it continues (lists of references, not copies), so
 a chain of N turns costs N message objects plus N lists of references."""
 
@@ -17,6 +18,41 @@ DEFAULT_MAX_STORED_RESPONSES = 1000
 RUNNING = ("queued", "in_progress")
 
 
+class EventLog:
+    """The events of a background response created with stream=true, kept for its readers: the
+    request that created it and any later GET ?stream=true (from a sequence number on). A reader
+    that goes away leaves the generation running."""
+
+    def __init__(self):
+        self.events: list[str] = []
+        self.ended = False
+        self._changed = asyncio.Event()
+
+    def add(self, event: str) -> None:
+        self.events.append(event)
+        self._wake()
+
+    def end(self) -> None:
+        self.ended = True
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def read(self, after: int = -1):
+        """The events after sequence number `after`, then the new ones as they come, to the end."""
+        i = after + 1
+        while True:
+            while i < len(self.events):
+                yield self.events[i]
+                i += 1
+            if self.ended:
+                return
+            changed = self._changed
+            await changed.wait()
+
+
 @dataclass
 class StoredResponse:
     response: dict
@@ -24,6 +60,7 @@ class StoredResponse:
     history: list[dict]                          # chat messages: the conversation, this answer included
     task: asyncio.Task | None = None             # a background response's generation
     streams: list = field(default_factory=list)  # its engine streams (closed to abort it)
+    log: EventLog | None = None                  # its events, when it was created with stream=true
 
     @property
     def running(self) -> bool:

@@ -126,3 +126,74 @@ def test_disconnect_aborts_the_generation(server):
         time.sleep(0.01)
     assert m["g906:num_requests_running"] == 0 and m["g906:kv_cache_blocks_used"] == 0
     assert m["g906:engine_steps"] - steps_at_close <= 20      # aborted, not run on to 400 tokens
+
+
+def _replay(server, rid: str, after: int | None = None) -> list[dict]:
+    params = {"stream": "true"} | ({"starting_after": str(after)} if after is not None else {})
+    out = []
+    with httpx.stream("GET", f"{server.v1}/responses/{rid}", params=params, timeout=60,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                out.append(json.loads(line[6:]))
+    return out
+
+
+def test_background_stream_and_its_replays(server, client):
+    events = raw_events(server.v1, {"input": "Hi", "background": True, "max_output_tokens": 12,
+                                    "reasoning": NO_THINKING}, API_KEY)
+    resp = check_stream(events)
+    assert resp.background is True
+    assert client.responses.retrieve(resp.id).model_dump() == resp.model_dump()
+    # replayed whole, or from a sequence number on
+    assert _replay(server, resp.id) == events
+    assert _replay(server, resp.id, after=3) == events[4:]
+    # the openai client reads it too, and resumes it
+    stream = client.responses.retrieve(resp.id, stream=True, starting_after=len(events) - 2)
+    assert [e.type for e in stream] == [events[-1]["type"]]
+
+
+def test_a_background_stream_outlives_its_reader(server, client):
+    body = {"input": "A story", "background": True, "stream": True, "max_output_tokens": 60,
+            "reasoning": NO_THINKING, "ignore_eos": True}
+    with httpx.stream("POST", server.v1 + "/responses", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+        lines = r.iter_lines()
+        rid = None
+        for line in lines:
+            if line.startswith("data: "):
+                rid = json.loads(line[6:])["response"]["id"]
+                break
+    deadline = time.monotonic() + 30
+    while client.responses.retrieve(rid).status in ("queued", "in_progress") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    final = check_stream(_replay(server, rid))
+    assert final.status == "incomplete" and final.usage.output_tokens == 60
+
+
+def test_replay_needs_a_background_stream(server, client):
+    h = {"Authorization": f"Bearer {API_KEY}"}
+    resp = client.responses.create(model="tiny", input="Hi", background=True, max_output_tokens=2)
+    r = httpx.get(f"{server.v1}/responses/{resp.id}", params={"stream": "true"}, headers=h)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream"
+    events = raw_events(server.v1, {"input": "Hi", "background": True, "max_output_tokens": 2}, API_KEY)
+    rid = events[0]["response"]["id"]
+    r = httpx.get(f"{server.v1}/responses/{rid}", params={"stream": "true", "starting_after": "x"}, headers=h)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "starting_after"
+
+
+def test_cancelling_a_background_stream_ends_it(server, client):
+    body = {"input": "A story", "background": True, "stream": True, "max_output_tokens": 400,
+            "reasoning": NO_THINKING, "ignore_eos": True, "temperature": 0.0}
+    with httpx.stream("POST", server.v1 + "/responses", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {API_KEY}"}) as r:
+        data = []
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                data.append(json.loads(line[6:]))
+                if len(data) == 5:
+                    assert client.responses.cancel(data[0]["response"]["id"]).status == "cancelled"
+        # the stream ended (no final event: the response was cancelled)
+    assert data[-1]["type"] not in ("response.completed", "response.incomplete")
+    assert client.responses.retrieve(data[0]["response"]["id"]).status == "cancelled"
