@@ -134,7 +134,9 @@ def openapi_document(auth: bool = True) -> dict:
             "A response object; (stream=true) its server-sent events, response.created ... response.completed "
             "(or response.incomplete); (background=true) the response, queued.", body="ResponsesRequest"),
         "/v1/responses/{response_id}": {
-            **responses_op("get", "getResponse", "A stored response", "The response object."),
+            **responses_op("get", "getResponse", "A stored response",
+                           "The response object; (stream=true) a background stream's events after "
+                           "starting_after, as server-sent events.", query=("stream", "starting_after")),
             **responses_op("delete", "deleteResponse", "Delete a stored response",
                            "{\"id\", \"object\": \"response\", \"deleted\": true}")},
         "/v1/responses/{response_id}/cancel": responses_op(
