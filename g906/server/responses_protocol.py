@@ -446,9 +446,21 @@ def ignored_fields(req: ResponsesRequest) -> list[str]:
     for name in ("user", "service_tier", "prompt_cache_key", "safety_identifier"):
         if getattr(req, name) is not None:
             names.append(name)
-    if req.truncation == "auto":
-        names.append("truncation")
     return names
+
+
+def drop_oldest_turn(chat: P.ChatCompletionRequest) -> P.ChatCompletionRequest | None:
+    """truncation "auto": the conversation without its oldest exchange (the first non-system
+    message and what follows it up to the next user message); None when only the last user
+    message is left to drop."""
+    msgs = chat.messages
+    first = next((i for i, m in enumerate(msgs) if m.role != "system"), None)
+    if first is None:
+        return None
+    end = next((j for j in range(first + 1, len(msgs)) if msgs[j].role == "user"), None)
+    if end is None:
+        return None
+    return chat.model_copy(update={"messages": msgs[:first] + msgs[end:]})
 
 
 def translate(req: ResponsesRequest, history: list[dict]) -> Translation:

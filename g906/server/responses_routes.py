@@ -24,7 +24,7 @@ from g906.server.generation import start
 from g906.server.intake import ignored_fields_header, parse_request, report_ignored
 from g906.server.responses_answers import (ResponseContext, failure, history_of, response_full, response_object,
                                            response_stream)
-from g906.server.responses_protocol import ResponsesRequest, ignored_fields, translate
+from g906.server.responses_protocol import ResponsesRequest, drop_oldest_turn, ignored_fields, translate
 from g906.server.responses_store import EventLog, StoredResponse, cancel_task, settle
 from g906.server.sse import SSEResponse
 from g906.server.state import ServerState, state_of
@@ -44,6 +44,20 @@ def _responses_param(param: str | None) -> str | None:
     if param is None:
         return None
     return _PARAMS.get(param.split(".")[0], param)
+
+
+async def _generation_request(st: ServerState, chat, *, auto_truncate: bool):
+    """The chat route's GenerationRequest; with truncation "auto", a conversation too long for the
+    context loses its oldest exchanges until it fits (OpenAI's rule)."""
+    while True:
+        try:
+            return await generation_request(st, chat, id_prefix="resp", fit_max_tokens=True)
+        except APIError as exc:
+            shorter = drop_oldest_turn(chat) if auto_truncate and exc.code == "context_length_exceeded" else None
+            if shorter is None:
+                exc.param = _responses_param(exc.param)
+                raise
+            chat = shorter
 
 
 def _stored(st: ServerState, response_id: str) -> StoredResponse:
@@ -69,11 +83,7 @@ async def create_response(request: Request) -> Response:
                               f"(status {prev.response['status']})", param="previous_response_id")
     tr = translate(req, prev.history if prev is not None else [])
     names = report_ignored(st, sorted(set(ignored_fields(req) + tr.ignored)))
-    try:
-        greq = await generation_request(st, tr.chat, id_prefix="resp", fit_max_tokens=True)
-    except APIError as exc:
-        exc.param = _responses_param(exc.param)
-        raise
+    greq = await _generation_request(st, tr.chat, auto_truncate=req.truncation == "auto")
     greq.request_id = f"resp_{uuid.uuid4().hex}"
     ctx = ResponseContext(id=greq.request_id, req=req, tr=tr, eng=st.engine.engine, model=greq.model)
     asm = ResponseAssembler(greq, reasoning_parser=st.reasoning_parser, tool_parser=st.tool_parser,

@@ -211,7 +211,7 @@ def test_ignored_fields_are_named(server):
     assert r.status_code == 200
     names = r.headers["x-g906-ignored-fields"].split(", ")
     for n in ("frobnicate", "service_tier", "user", "reasoning.summary", "reasoning.effort",
-              "include[reasoning.encrypted_content]", "truncation"):
+              "include[reasoning.encrypted_content]"):
         assert n in names
     body = r.json()
     assert body["service_tier"] == "flex" and body["user"] == "u1" and body["truncation"] == "auto"
@@ -281,3 +281,21 @@ def test_errors_of_the_chat_route_name_responses_fields(server):
     r = post(server, {"input": "word " * 600, "max_output_tokens": 4})
     assert r.status_code == 400 and r.json()["error"]["param"] == "input", r.text
     assert r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_truncation_auto_drops_the_oldest_exchanges(client, server):
+    long = "word " * 40                         # some 40-80 tokens a turn; the context is 512
+    convo = []
+    for k in range(8):
+        convo += [{"role": "user", "content": f"TURN-{k} {long}"}, {"role": "assistant", "content": f"ANSWER-{k}"}]
+    convo.append({"role": "user", "content": "LAST"})
+    r = post(server, {"input": convo, "instructions": "SYS", "max_output_tokens": 4})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    resp = client.responses.create(model="tiny", input=convo, instructions="SYS", max_output_tokens=4,
+                                   truncation="auto", extra_body={"enable_response_messages": True})
+    prompt = resp.input_messages[0]["message"]
+    kept = [k for k in range(8) if f"TURN-{k}" in prompt]
+    assert "SYS" in prompt and "LAST" in prompt and kept and kept == list(range(8 - len(kept), 8)) and 0 not in kept
+    assert resp.truncation == "auto" and resp.usage.input_tokens < 512
+    # the stored conversation is whole: only what this request sent was cut
+    assert len(list(client.responses.input_items.list(resp.id, limit=100))) == len(convo)

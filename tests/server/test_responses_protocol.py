@@ -149,7 +149,7 @@ def test_accepted_but_unused_fields_are_named():
                                            "prompt_cache_key": "k", "truncation": "auto", "conversation": "c",
                                            "metadata": {"a": "b"}, "store": False})
     assert sorted(ignored_fields(req)) == ["conversation", "prompt_cache_key", "safety_identifier", "service_tier",
-                                           "truncation", "user"]
+                                           "user"]
     with pytest.raises(Exception):
         ResponsesRequest.model_validate({"input": "x", "metadata": {str(i): "v" for i in range(17)}})
 
@@ -220,3 +220,19 @@ def test_any_request_is_translated_or_refused_with_a_400(input, tools, tool_choi
         translate(req, [])
     except APIError as exc:
         assert exc.status == 400 and exc.message and exc.param
+
+
+def test_drop_oldest_turn():
+    from g906.server.responses_protocol import drop_oldest_turn
+
+    t = tr({"instructions": "S", "input": [
+        {"role": "user", "content": "u1"},
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": "o"},
+        {"role": "user", "content": "u2"}, {"role": "assistant", "content": "a2"}, {"role": "user", "content": "u3"}]})
+    chat = drop_oldest_turn(t.chat)
+    assert [m.role for m in chat.messages] == ["system", "user", "assistant", "user"]
+    assert chat.messages[1].content == "u2"
+    chat = drop_oldest_turn(chat)
+    assert [m.content for m in chat.messages] == ["S", "u3"]
+    assert drop_oldest_turn(chat) is None
