@@ -293,6 +293,9 @@ class ServerSection(_Strict):
                                   "body; slower ones get 408.")
     max_connections: int = Field(2048, ge=1, le=1_000_000, description="Connections and requests in progress at "
                                  "once; beyond it new requests get 503 (uvicorn's limit_concurrency).")
+    max_stored_responses: int = Field(1000, ge=1, le=1_000_000, description="Responses API: stored responses "
+                                      "kept in memory (store=true, the default); beyond it the least recently used "
+                                      "are dropped. Each holds its conversation's text.")
     allowed_origins: list[Annotated[str, Field(min_length=1)]] = Field(
         default_factory=list,
         description='Origins whose browsers may call the API (CORS), e.g. ["http://localhost:3000"] or ["*"]. '

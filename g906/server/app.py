@@ -1,4 +1,4 @@
-"""The Starlette app: OpenAI-compatible routes (and Anthropic's Messages API) over the async engine.
+"""The Starlette app: OpenAI-compatible routes (and Anthropic's Messages API, OpenAI's Responses API) over the async engine.
 
     state = ServerState(served_model_name="tiny", ...)
     app = create_app(state)          # /health answers 503 until state.set_ready(engine, ...)
@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 
-from g906.server import anthropic_messages, docs_routes, info_routes, tokenize_routes, vllm_routes
+from g906.server import anthropic_messages, docs_routes, info_routes, responses_routes, tokenize_routes, vllm_routes
 from g906.server.chat_batch import chat_completions_batch
 from g906.server.chat_completions import chat_completions
 from g906.server.completions import completions
@@ -31,6 +31,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/messages", anthropic_messages.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", anthropic_messages.count_tokens, methods=["POST"]),
+        *responses_routes.ROUTES,
         Route("/v1/models", info_routes.list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", info_routes.get_model, methods=["GET"]),
         Route("/health", info_routes.health, methods=["GET"]),

@@ -31,10 +31,11 @@ def openapi_document(auth: bool = True) -> dict:
     """auth: whether the server asks for an API key (the document declares bearer auth only then)."""
     from g906.server import tokenize_routes
     from g906.server.anthropic_protocol import CountTokensRequest, MessagesRequest
+    from g906.server.responses_protocol import ResponsesRequest
 
     models = [(P.ChatCompletionRequest, "validation"), (P.CompletionRequest, "validation"),
               *tokenize_routes.OPENAPI_MODELS,
-              (MessagesRequest, "validation"), (CountTokensRequest, "validation")]
+              (MessagesRequest, "validation"), (CountTokensRequest, "validation"), (ResponsesRequest, "validation")]
     models += [(m, "serialization") for m in (
         P.ChatCompletionResponse, P.ChatCompletionChunk, P.CompletionResponse, P.ModelList, P.ModelCard,
         P.ErrorResponse, P.VersionInfo, P.HealthInfo)]
@@ -77,6 +78,24 @@ def openapi_document(auth: bool = True) -> dict:
                                               "text/event-stream": {"schema": {"type": "string"}}}},
                           **{str(st): err for st in (400, *((401,) if auth else ()), 408, 413, 503)}}}}
 
+    def responses_op(method, op, summary, answer, *, body=None, query=()):
+        # the response object and its events are written by responses_answers.py (OpenAI's shapes)
+        obj = {"description": answer, "content": {"application/json": {"schema": {"type": "object"}},
+                                                  **({"text/event-stream": {"schema": {"type": "string"}}}
+                                                     if body else {})}}
+        params = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
+                  ] if body is None else []
+        params += [{"name": q, "in": "query", "required": False, "schema": {"type": "string"}} for q in query]
+        o = {"operationId": op, "summary": summary, **({"security": security} if auth else {}),
+             **({"parameters": params} if params else {}),
+             "responses": {"200": obj, **_errors(400, *((401,) if auth else ())),
+                           "404": {"description": "No stored response with this id",
+                                   "content": {"application/json": {"schema": _ref("ErrorResponse")}}},
+                           **(_errors(408, 413, 503) if body else {})}}
+        if body:
+            o["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref(body)}}}
+        return {method: o}
+
     paths = {
         "/v1/chat/completions": post("createChatCompletion", "Chat completion", "ChatCompletionRequest",
                                      "ChatCompletionResponse", "ChatCompletionChunk"),
@@ -110,6 +129,22 @@ def openapi_document(auth: bool = True) -> dict:
                                   "(message_start ... message_stop)."),
         "/v1/messages/count_tokens": anthropic("countMessageTokens", "Anthropic Messages API: the prompt's tokens",
                                                "CountTokensRequest", "{\"input_tokens\": N}"),
+        "/v1/responses": responses_op(
+            "post", "createResponse", "OpenAI Responses API: a response",
+            "A response object; (stream=true) its server-sent events, response.created ... response.completed "
+            "(or response.incomplete); (background=true) the response, queued.", body="ResponsesRequest"),
+        "/v1/responses/{response_id}": {
+            **responses_op("get", "getResponse", "A stored response",
+                           "The response object; (stream=true) a background stream's events after "
+                           "starting_after, as server-sent events.", query=("stream", "starting_after")),
+            **responses_op("delete", "deleteResponse", "Delete a stored response",
+                           "{\"id\", \"object\": \"response\", \"deleted\": true}")},
+        "/v1/responses/{response_id}/cancel": responses_op(
+            "post", "cancelResponse", "Cancel a background response", "The response object (status cancelled)."),
+        "/v1/responses/{response_id}/input_items": responses_op(
+            "get", "listInputItems", "A stored response's input items",
+            "{\"object\": \"list\", \"data\": [items], \"first_id\", \"last_id\", \"has_more\"}",
+            query=("order", "limit", "after")),
     }
     if not auth:  # routes described elsewhere (tokenize_routes) state their auth unconditionally
         for ops in paths.values():

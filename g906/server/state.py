@@ -9,6 +9,7 @@ from typing import Any
 from starlette.requests import Request
 
 from g906.server.metrics import Metrics
+from g906.server.responses_store import DEFAULT_MAX_STORED_RESPONSES, ResponsesStore
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 DEFAULT_BODY_TIMEOUT_S = 60.0
@@ -32,10 +33,14 @@ class ServerState:
     _logged_ignored: set = field(default_factory=set)
     metrics: Metrics | None = None
     max_token_bytes: int | None = None   # the longest vocabulary entry (cpu_work.check_prompt_bytes)
+    max_stored_responses: int = DEFAULT_MAX_STORED_RESPONSES   # the Responses API's store (LRU beyond it)
+    responses: ResponsesStore | None = None
 
     def __post_init__(self) -> None:
         if self.metrics is None:
             self.metrics = Metrics(self)
+        if self.responses is None:
+            self.responses = ResponsesStore(self.max_stored_responses)
 
     def set_ready(self, engine, prompts, info: dict | None = None) -> None:
         engine.observer = self.metrics

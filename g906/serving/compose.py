@@ -136,6 +136,7 @@ def build_app(plan: Plan) -> tuple[Any, ServerState]:
                         tool_parser=plan.tool_parser, architecture=plan.architecture,
                         api_key=api_key_from_env(plan), max_body_bytes=max_body_bytes(),
                         body_timeout_s=plan.recipe.server.body_timeout_s,
+                        max_stored_responses=plan.recipe.server.max_stored_responses,
                         default_max_tokens=default_max_tokens(plan))
     app = create_app(state)
     add_cors(app, plan.allowed_origins)

@@ -1,6 +1,6 @@
 """The recipe's hardening settings reach what enforces them: multimodal.image_fetch -> the
 engine's FetchPolicy (None, remote images off, by default); [server] header/body timeouts and
-the connection cap -> the app's state and uvicorn's config."""
+the connection cap -> the app's state and uvicorn's config; the Responses store's size -> the state."""
 
 from __future__ import annotations
 
@@ -53,3 +53,12 @@ def test_server_limits(tmp_path):
         sock.close()
     defaults = _plan(tmp_path, BASE).recipe.server
     assert (defaults.header_timeout_s, defaults.body_timeout_s, defaults.max_connections) == (10.0, 60.0, 2048)
+
+
+def test_responses_store_size(tmp_path):
+    _, state = build_app(_plan(tmp_path, BASE + "[server]\nmax_stored_responses = 5\n"))
+    assert state.responses.max_count == 5
+    _, state = build_app(_plan(tmp_path, BASE))
+    assert state.responses.max_count == 1000
+    with pytest.raises(RecipeError):
+        _plan(tmp_path, BASE + "[server]\nmax_stored_responses = 0\n")
