@@ -6,12 +6,15 @@ parallelism from it. Torch-free."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 from g906.errors import G906Error
+
+log = logging.getLogger(__name__)
 
 
 _SIZE = 1 << 24
@@ -158,11 +161,18 @@ MAX_PLAUSIBLE_POSITIONS = 1 << 24
 
 
 def bound_positions(config: ModelConfig, max_model_len: int | None, *, source: str = "the model") -> ModelConfig:
-    """The config with max_position_embeddings lowered to max_model_len (what will be run), so
-    nothing is sized by a larger (or absurd) value from the file; without max_model_len, an
-    implausible value is an error naming the field."""
+    """The config with max_position_embeddings set to max_model_len (what will be run): lowered,
+    so nothing is sized by a larger (or absurd) value from the file; raised (with a warning:
+    positions past the trained ones are extrapolated), so that the tables indexed by position
+    (rotary) cover every position a sequence can reach, instead of failing the first sequence
+    that runs past them. Without max_model_len, an implausible value is an error naming the
+    field."""
     n = int(config.max_position_embeddings)
     if max_model_len is not None and n > int(max_model_len):
+        return replace(config, max_position_embeddings=int(max_model_len))
+    if max_model_len is not None and int(max_model_len) > n and 1 <= n:
+        log.warning("%s: max_model_len %d exceeds the %d positions the model was trained for; positions past "
+                    "them are extrapolated, and answers there may degrade", source, int(max_model_len), n)
         return replace(config, max_position_embeddings=int(max_model_len))
     if not 1 <= n <= MAX_PLAUSIBLE_POSITIONS:
         raise G906Error(f"{source}: the model config says max_position_embeddings = {n}, which is not a "

@@ -121,7 +121,10 @@ class LLMEngine:
         explicit_len = config.max_model_len is not None
         self.max_model_len = int(config.max_model_len or model_max)
         if explicit_len and self.max_model_len > model_max:
-            log.warning("max_model_len %d exceeds the model's %d positions", self.max_model_len, model_max)
+            # the model's position tables end at model_max: a longer sequence would fail mid-step
+            raise G906Error(f"max_model_len {self.max_model_len} exceeds the {model_max} positions the model was "
+                            "loaded for", hint=f"load it with max_model_len={self.max_model_len} (the loader sizes "
+                                               "its position tables to it)")
         if config.max_num_batched_tokens is not None and config.max_num_batched_tokens < config.max_num_seqs:
             # a decode step of every running sequence takes one token each
             raise G906Error(f"max_num_batched_tokens ({config.max_num_batched_tokens}) is below max_num_seqs "

@@ -231,3 +231,29 @@ def test_batched_tokens_below_max_num_seqs_is_refused(llm):
     assert all(len(v) == 4 for v in got.values())
     eng = LLMEngine(loaded, EngineConfig(max_num_seqs=2100, num_kv_blocks=64))
     assert eng.max_num_batched_tokens == 2100
+
+
+def test_max_model_len_beyond_the_trained_positions_runs_past_them(llm, caplog):
+    """max_model_len above the model's positions (8192 for the builtin model) is served with a
+    warning: the rotary table covers every position a sequence can reach, so a sequence running
+    past the trained positions gets tokens instead of failing the step (and the engine with it);
+    an engine asked for more positions than its loaded model has is refused at construction."""
+    import logging
+
+    from g906 import LLM
+    from g906.engine.llm_engine import EngineConfig, LLMEngine
+    from g906.errors import G906Error
+
+    with pytest.raises(G906Error, match="exceeds the 8192 positions") as ei:
+        LLMEngine(llm.engine.loaded, EngineConfig(max_model_len=9000, num_kv_blocks=64))
+    assert "max_model_len=9000" in ei.value.hint
+    with caplog.at_level(logging.WARNING, logger="g906.arch.config"):
+        long = LLM("builtin:tiny-qwen35", max_model_len=8300, max_num_batched_tokens=8300, max_num_seqs=2)
+    try:
+        assert "exceeds the 8192 positions" in caplog.text
+        assert long.engine.max_model_len == 8300
+        prompt = [(7 * j) % 400 + 1 for j in range(8188)]
+        out = long.generate([prompt], SamplingParams(max_tokens=12, **GREEDY))[0]
+        assert len(out.outputs[0].token_ids) == 12        # positions 8188..8199: past the 8192 trained ones
+    finally:
+        long.close()
