@@ -82,3 +82,9 @@ def test_other_keys_are_accepted_and_named_ignored(server):
     assert r.json()["kv_transfer_params"] is None
     r = post(server, "/chat/completions", {"messages": MSG, "max_tokens": 1, "kv_transfer_params": [1]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "kv_transfer_params", r.text
+
+
+def test_the_batch_endpoint_refuses_forwarded_ids(server):
+    r = post(server, "/chat/completions/batch", {"messages": [MSG, OTHER], "max_tokens": 1,
+                                                 "kv_transfer_params": {"prompt_token_ids": [1, 2, 3]}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == PARAM, r.text
