@@ -82,8 +82,7 @@ async def chat_prompt(st: ServerState, req: P.ChatCompletionRequest) -> tuple[st
     the prompt token ids forwarded in kv_transfer_params, when sent, instead (kv_transfer.py)."""
     images: list[str] = []
     messages = template_messages(req, images)
-    reused = kv_transfer.reused_prompt_ids(req.kv_transfer_params, vocab_size=st.engine.engine.model_config.vocab_size,
-                                           max_model_len=st.max_model_len, rendered_anyway=bool(images))
+    reused = kv_transfer.reused_prompt_ids(req.kv_transfer_params, st, rendered_anyway=bool(images))
     if reused is not None:
         # the parsers read the prompt's text (is the thinking left open?): the ids decoded
         text = await offload(st.engine.engine.tokenizer.decode, reused, skip_special_tokens=False)

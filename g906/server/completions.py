@@ -56,8 +56,7 @@ async def completions(request: Request) -> Response:
 
 
 async def _prompts(st: ServerState, req: P.CompletionRequest) -> list[Prompt]:
-    reused = kv_transfer.reused_prompt_ids(req.kv_transfer_params, vocab_size=st.engine.engine.model_config.vocab_size,
-                                           max_model_len=st.max_model_len, rendered_anyway=req.echo)
+    reused = kv_transfer.reused_prompt_ids(req.kv_transfer_params, st, rendered_anyway=req.echo)
     if reused is not None:      # the prefill stage's prompt, verbatim (kv_transfer.py)
         if isinstance(req.prompt, list) and len(req.prompt) > 1 and not all(isinstance(t, int) for t in req.prompt):
             raise bad_request("kv_transfer_params.prompt_token_ids is one prompt: it cannot stand for a batch of "

@@ -23,15 +23,15 @@ def ignored_keys(params: dict | None) -> list[str]:
     return sorted(f"kv_transfer_params.{k}" for k in (params or {}) if k != "prompt_token_ids")
 
 
-def reused_prompt_ids(params: dict | None, *, vocab_size: int, max_model_len: int | None,
-                      rendered_anyway: bool = False) -> list[int] | None:
+def reused_prompt_ids(params: dict | None, st, *, rendered_anyway: bool = False) -> list[int] | None:
     """The forwarded prompt token ids to use as the prompt, or None (none sent, or the prompt is
-    rendered anyway)."""
+    rendered anyway); st: the ServerState (its model's vocabulary and context)."""
     if not isinstance(params, dict):
         return None
     ids = params.get("prompt_token_ids")
     if ids is None or rendered_anyway:
         return None
+    vocab_size, max_model_len = st.engine.engine.model_config.vocab_size, st.max_model_len
     # bool is a subclass of int; true is not a token id
     if not isinstance(ids, list) or not ids or any(type(t) is not int or t < 0 for t in ids):
         raise bad_request("kv_transfer_params.prompt_token_ids must be a non-empty list of non-negative integers "

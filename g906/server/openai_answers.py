@@ -3,8 +3,9 @@ text_completion objects, the chunks of their streams, and their logprobs.
 
 Streams open with one chunk per choice (chat: its role; completions with echo: the prompt),
 then send every delta that carries something, then a usage chunk when asked for, then
-`data: [DONE]`. A delta with nothing to show (a tag the reasoning parser still holds back) is
-not sent."""
+`data: [DONE]`. A delta with nothing to show (a tag the reasoning parser still holds back, part
+of a UTF-8 character) is not sent: its tokens' logprobs and ids go with the next chunk that has
+text (_Held)."""
 
 from __future__ import annotations
 
@@ -113,7 +114,7 @@ async def chat_stream(asm: ResponseAssembler, streams: list, eng, opts: P.Stream
                 last = j == len(deltas) - 1
                 lps, ids = held.take(d.index) if (j == 0 and text) or last else ([], [])
                 lp = P.ChoiceLogprobs(content=chat_logprobs(eng, [x for _, run in lps for x in run], o.tokens_as_ids)) \
-                    if lps and any(run for _, run in lps) else None
+                    if lps else None
                 yield sse_event(P.ChatCompletionChunk(**base, choices=[P.ChatChunkChoice(
                     index=d.index, delta=delta, logprobs=lp,
                     finish_reason=d.finish_reason if d.finished and last else None,
