@@ -112,3 +112,12 @@ def test_used_names(tmp_path):
     f.write_text("import pytest\n@pytest.mark.usefixtures('u')\ndef test_a(sample_regex, *, k):\n    pass\n"
                  "async def helper(client):\n    pass\n")
     assert mod.used_names([f]) >= {"u", "sample_regex", "k", "client"}
+
+
+def test_model_dependent_patterns_take_brackets_literally():
+    cases = load_benchmark("vllm_conformance_cases")
+    f = "chat_completion/test_completion_with_function_calling.py"
+    assert cases.model_dependent(f, "test_function_tool_use[plain-True-auto-True-Qwen/Qwen3-0.6B]")
+    assert cases.model_dependent(f, "test_function_tool_use[plain-True-required-True-Qwen/Qwen3-0.6B]") is None
+    assert cases.model_dependent("responses/test_basic.py", "test_chat") and \
+        cases.model_dependent("responses/test_basic.py", "test_chat_with_input_type") is None
