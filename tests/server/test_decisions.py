@@ -119,3 +119,8 @@ def test_bad_fields_are_a_400_naming_them(server, change, param):
 
 def test_needs_the_api_key(server):
     assert post(server, {"model": "tiny", "input": TEXT, "questions": QUESTIONS[:1]}, key="nope").status_code == 401
+
+
+def test_model_is_required(server):
+    r = post(server, {"input": TEXT, "questions": QUESTIONS[:1]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model", r.text
