@@ -40,7 +40,8 @@ MISSING_REQUIREMENT = ("ModuleNotFoundError", "require gpt_oss package", "No mod
 def model_dependent(file: str, test: str) -> str | None:
     """The reason the test needs a real model, or None."""
     for f, pattern, reason in MODEL_DEPENDENT:
-        if file == f and fnmatch.fnmatchcase(test, pattern):
+        # the brackets of a parametrized name are literal here, not fnmatch's character classes
+        if file == f and fnmatch.fnmatchcase(test, pattern.replace("[", "[[]")):
             return reason
     return None
 

@@ -282,6 +282,15 @@ def register(app: typer.Typer) -> None:
                                              "(server.log_level)."),
         access_log: bool | None = typer.Option(None, "--access-log/--no-access-log",
                                                help="Log every HTTP request (server.access_log)."),
+        root_path: str | None = typer.Option(None, "--root-path", help='The path prefix a reverse proxy serves '
+                                             'the API under, e.g. "/llm"; /llm/v1 and /v1 both work '
+                                             "(server.root_path)."),
+        force_include_usage: bool | None = typer.Option(None, "--enable-force-include-usage",
+                                                        help="Every streamed chunk carries usage "
+                                                        "(server.force_include_usage)."),
+        per_request_metrics: bool | None = typer.Option(None, "--enable-per-request-metrics",
+                                                        help="Answers carry per-request timing metrics "
+                                                        "(server.per_request_metrics)."),
         as_json: bool = typer.Option(False, "--json", help="With --dry-run: print the plan as JSON."),
         yes: bool = typer.Option(False, "--yes", "-y", help="Install the recipe's gfx906 RCCL without asking "
                                  "(tensor_parallel_size > 1 on gfx906)."),
@@ -306,6 +315,9 @@ def register(app: typer.Typer) -> None:
             "server.allowed_origins": _origins(allowed_origins),
             "server.log_level": log_level.lower() if log_level else None,
             "server.access_log": access_log,
+            "server.root_path": root_path,
+            "server.force_include_usage": force_include_usage,
+            "server.per_request_metrics": per_request_metrics,
         }
         code = run_up(source, dry_run=dry_run, skip_doctor=skip_doctor, port=port, host=host, as_json=as_json,
                       assume_yes=yes, facts_file=facts, drain_timeout=drain_timeout, overrides=overrides,

@@ -81,6 +81,12 @@ class StepOutput:
     # TokenLogprobs of each later prompt token
     prompt_logprobs: list | None = None
     cumulative_logprob: float | None = None  # a beam search output's (g906/engine/beam.py)
+    # the request's timeline (time.monotonic() seconds; None where unknown): added, first scheduled,
+    # first token sampled, this output's token sampled (per-request metrics, g906/server)
+    arrival_at: float | None = None
+    scheduled_at: float | None = None
+    first_token_at: float | None = None
+    token_at: float | None = None
 
 
 class _Request:
@@ -502,6 +508,8 @@ class LLMEngine:
             num_cached_tokens=seq.num_hit_tokens,
             prompt_logprobs=[None, *seq.prompt_logprobs] if params.prompt_logprobs is not None and num_out == 1
             else None,
+            arrival_at=req.arrival, scheduled_at=seq.scheduled_at, first_token_at=req.first_token_at,
+            token_at=time.monotonic(),
         )
         if reason is not None:
             self.scheduler.finish(seq, reason)

@@ -24,6 +24,7 @@ decode step (one token for every running sequence that has finished its prefill)
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -233,6 +234,8 @@ class Scheduler:
             self.cache.blocks.cover(seq, seq.num_tokens)
             n = self._chunk(seq)
             seq.status = SequenceStatus.RUNNING
+            if seq.scheduled_at is None:
+                seq.scheduled_at = time.monotonic()
             self.running.append(seq)
             seqs.append(seq)
             chunks.append(n)

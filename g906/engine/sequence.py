@@ -36,6 +36,8 @@ class Sequence:
         "block_keys", "num_registered_blocks", "tail_key", "num_hit_tokens", "prefix_branch",
         # the BeamGroup (g906/engine/beam.py) this sequence is a beam of, or None
         "beam",
+        # when the scheduler first ran it (time.monotonic(); None while it waits): its queue time ends
+        "scheduled_at",
     )
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, arrival: float = 0.0):
@@ -62,6 +64,7 @@ class Sequence:
         self.num_hit_tokens = 0
         self.prefix_branch = 0      # where its prompt leaves the cached blocks of another (0: none)
         self.beam = None
+        self.scheduled_at: float | None = None
         self.prompt_logprobs: list = []  # TokenLogprobs of prompt tokens 1.. (g906/engine/prompt_logprobs.py)
 
     def __len__(self) -> int:

@@ -59,6 +59,9 @@ class Plan:
     port: int = 8000
     api_key_env: str | None = None
     allowed_origins: list[str] = field(default_factory=list)   # CORS; empty: none
+    root_path: str | None = None            # the reverse proxy's path prefix (g906/server/root_path.py)
+    force_include_usage: bool = False
+    per_request_metrics: bool = False
     log_level: str = "info"
     access_log: bool = False
     env: dict[str, str] = field(default_factory=dict)

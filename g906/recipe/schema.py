@@ -305,11 +305,36 @@ class ServerSection(_Strict):
         "info", description="Log level of the server's messages (debug also shows the HTTP server's own)."
     )
     access_log: bool = Field(False, description="Log one line per HTTP request (method, path, status).")
+    root_path: str | None = Field(
+        None, description='The path prefix a reverse proxy serves the API under, e.g. "/llm" (vLLM\'s '
+        "--root-path): both /llm/v1/... and /v1/... are served, and links the server writes carry the prefix."
+    )
+    force_include_usage: bool = Field(
+        False, description="Every streamed chunk carries usage, as if each request had sent stream_options "
+        "{include_usage, continuous_usage_stats} (vLLM's --enable-force-include-usage)."
+    )
+    per_request_metrics: bool = Field(
+        False, description="Answers carry a `metrics` object: time to first token, queue time, generation time, "
+        "inter-token latency, tokens per second (vLLM's --enable-per-request-metrics)."
+    )
     tool_parser: Literal["auto", "none", "qwen3_coder"] = Field(
         "auto", description="How tool calls are read from answers to requests with tools: qwen3_coder "
         "(Qwen3.5's <tool_call><function=...> XML); auto: the model architecture's own (qwen3_coder for "
         "Qwen3.5); none: answers stay text and tool_choice required / named are refused."
     )
+
+    @field_validator("root_path")
+    @classmethod
+    def _root_path(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        v = v.rstrip("/")
+        if not v:
+            return None          # "/" is no prefix
+        if not v.startswith("/") or any(c in v for c in "?#% ") or "//" in v:
+            raise ValueError(f"{v!r} is not a URL path prefix: write it as \"/llm\" (a leading slash, "
+                             "no query, no spaces)")
+        return v
 
     @field_validator("api_key_env")
     @classmethod

@@ -38,6 +38,9 @@ FLAG_KEYS: dict[str, str] = {
     "--allowed-origins": "server.allowed_origins",
     "--log-level": "server.log_level",
     "--access-log": "server.access_log",
+    "--root-path": "server.root_path",
+    "--enable-force-include-usage": "server.force_include_usage",
+    "--enable-per-request-metrics": "server.per_request_metrics",
 }
 
 

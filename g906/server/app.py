@@ -17,7 +17,9 @@ from g906.server import anthropic_messages, docs_routes, info_routes, responses_
 from g906.server.chat_batch import chat_completions_batch
 from g906.server.chat_completions import chat_completions
 from g906.server.completions import completions
+from g906.server.decisions import decisions
 from g906.server.errors import EXCEPTION_HANDLERS
+from g906.server.root_path import RootPath
 from g906.server.shutdown_guard import ShutdownGuard
 from g906.server.state import DEFAULT_MAX_BODY_BYTES, ServerState
 
@@ -29,6 +31,7 @@ def create_app(state: ServerState) -> Starlette:
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/chat/completions/batch", chat_completions_batch, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/decisions", decisions, methods=["POST"]),
         Route("/v1/messages", anthropic_messages.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", anthropic_messages.count_tokens, methods=["POST"]),
         *responses_routes.ROUTES,
@@ -44,7 +47,8 @@ def create_app(state: ServerState) -> Starlette:
         Route("/tokenizer_info", vllm_routes.tokenizer_info, methods=["GET"]),
         Route("/invocations", vllm_routes.invocations, methods=["POST"]),
     ]
+    prefix = [Middleware(RootPath, prefix=state.root_path)] if state.root_path else []
     app = Starlette(routes=routes, exception_handlers=dict(EXCEPTION_HANDLERS),
-                    middleware=[Middleware(ShutdownGuard)])
+                    middleware=[*prefix, Middleware(ShutdownGuard)])
     app.state.g906 = state
     return app

@@ -15,6 +15,7 @@ from typing import Any
 from g906.server.generation import GenerationRequest
 from g906.server.parsers import REASONING, TOOL, ToolCall, ToolCallDelta, make_parser
 from g906.server.parsers.base import merge_tool_calls
+from g906.server.request_metrics import Timeline
 
 
 @dataclass
@@ -50,6 +51,7 @@ class ChoiceAssembler:
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     cached_tokens: int = 0          # prompt tokens the engine's prefix cache supplied
+    timeline: Timeline = field(default_factory=Timeline)   # the engine's times (request_metrics.py)
     _reasoning: list[str] = field(default_factory=list)
     _content: list[str] = field(default_factory=list)
     _calls: list[ToolCallDelta] = field(default_factory=list)
@@ -60,6 +62,7 @@ class ChoiceAssembler:
         self.text += out.new_text
         self.num_tokens += len(out.new_token_ids)
         self.token_ids.extend(out.new_token_ids)
+        self.timeline.record(out)
         self.cached_tokens = max(self.cached_tokens, int(getattr(out, "num_cached_tokens", 0) or 0))
         if getattr(out, "prompt_logprobs", None) is not None:
             self.prompt_logprobs = out.prompt_logprobs

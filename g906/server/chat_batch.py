@@ -9,13 +9,14 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import Response
 
+from g906.server import kv_transfer
 from g906.server import protocol as P
 from g906.server import vllm_extras as X
 from g906.server.assembler import ResponseAssembler
 from g906.server.chat_completions import generation_request
 from g906.server.errors import bad_request
 from g906.server.generation import GenerationRequest, start
-from g906.server.intake import parse_request
+from g906.server.intake import parse_request, report_ignored
 from g906.server.openai_answers import chat_full, send_answer
 from g906.server.state import state_of
 
@@ -34,6 +35,11 @@ async def chat_completions_batch(request: Request) -> Response:
     if req.stream:
         raise bad_request("the batch endpoint does not stream: send stream=false", param="stream")
     X.check_stream_fields(req)
+    kv = req.kv_transfer_params
+    if isinstance(kv, dict) and kv.get("prompt_token_ids") is not None:
+        raise bad_request("kv_transfer_params.prompt_token_ids is one prompt: a batch of conversations cannot take "
+                          "it (as in vLLM)", param=kv_transfer.PARAM)
+    ignored = ignored + report_ignored(st, kv_transfer.ignored_keys(kv))
     parts: list[GenerationRequest] = []
     for k, conv in enumerate(req.messages):
         if not conv:

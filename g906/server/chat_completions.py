@@ -14,12 +14,13 @@ from g906.server.assembler import ResponseAssembler
 from g906.server.cpu_work import check_prompt_bytes, offload
 from g906.server.errors import bad_request
 from g906.server.generation import GenerationRequest, Prompt, openai_sampling_params, start
-from g906.server.intake import parse_request
+from g906.server.intake import parse_request, report_ignored
 from g906.server.openai_answers import chat_full, chat_stream, send_answer
 from g906.server.parsers import REASONING, make_parser
 from g906.server.state import ServerState, state_of
 from g906.server.structured import chat_constraint, openai_constraint
 from g906.server.tools import openai_tool_choice, openai_tools
+from g906.server import kv_transfer
 from g906.server import vllm_extras as X
 
 
@@ -27,6 +28,7 @@ async def chat_completions(request: Request) -> Response:
     st = state_of(request)
     req, ignored = await parse_request(request, st, P.ChatCompletionRequest)
     assert isinstance(req, P.ChatCompletionRequest)
+    ignored = ignored + report_ignored(st, kv_transfer.ignored_keys(req.kv_transfer_params))
     X.check_stream_fields(req)
     greq = await generation_request(st, req)
     asm = ResponseAssembler(greq, reasoning_parser=st.reasoning_parser, tool_parser=st.tool_parser,
@@ -35,7 +37,7 @@ async def chat_completions(request: Request) -> Response:
     eng = st.engine.engine
     if req.stream:
         return await send_answer(request, asm, streams, ignored,
-                                 events=chat_stream(asm, streams, eng, X.stream_options(req)))
+                                 events=chat_stream(asm, streams, eng, X.stream_options(req, st.force_include_usage)))
     return await send_answer(request, asm, streams, ignored,
                              full=chat_full(asm, streams, eng, logprobs=req.logprobs))
 
@@ -71,13 +73,20 @@ async def generation_request(st: ServerState, req: P.ChatCompletionRequest, *,
     return GenerationRequest(request_id=P.new_id(id_prefix), model=st.served_model_name,
                              prompts=[Prompt(ids=ids, text=prompt_text, mm=mm)], params=[params], n=req.n,
                              tools=tools, tool_choice=tool_choice,
-                             parallel_tool_calls=parallel, options=X.answer_options(req))
+                             parallel_tool_calls=parallel,
+                             options=X.answer_options(req, per_request_metrics=st.per_request_metrics))
 
 
 async def chat_prompt(st: ServerState, req: P.ChatCompletionRequest) -> tuple[str, list[int], object]:
-    """(the rendered prompt, its token ids with image placeholders expanded, its prepared images)."""
+    """(the rendered prompt, its token ids with image placeholders expanded, its prepared images);
+    the prompt token ids forwarded in kv_transfer_params, when sent, instead (kv_transfer.py)."""
     images: list[str] = []
     messages = template_messages(req, images)
+    reused = kv_transfer.reused_prompt_ids(req.kv_transfer_params, st, rendered_anyway=bool(images))
+    if reused is not None:
+        # the parsers read the prompt's text (is the thinking left open?): the ids decoded
+        text = await offload(st.engine.engine.tokenizer.decode, reused, skip_special_tokens=False)
+        return text, reused, None
     check_prompt_bytes(st, _text_bytes(messages), param="messages")
     try:
         prompt_text = await offload(

@@ -11,10 +11,11 @@ from g906.server.assembler import ResponseAssembler
 from g906.server.cpu_work import check_prompt_bytes, offload
 from g906.server.errors import bad_request
 from g906.server.generation import GenerationRequest, Prompt, admit, openai_sampling_params, start
-from g906.server.intake import parse_request
+from g906.server.intake import parse_request, report_ignored
 from g906.server.openai_answers import completion_full, completion_stream, send_answer
 from g906.server.state import ServerState, state_of
 from g906.server.structured import check_compiles, openai_constraint
+from g906.server import kv_transfer
 from g906.server import vllm_extras as X
 
 
@@ -22,6 +23,7 @@ async def completions(request: Request) -> Response:
     st = state_of(request)
     req, ignored = await parse_request(request, st, P.CompletionRequest)
     assert isinstance(req, P.CompletionRequest)
+    ignored = ignored + report_ignored(st, kv_transfer.ignored_keys(req.kv_transfer_params))
     if req.suffix:
         raise bad_request("suffix is not supported", param="suffix")
     X.check_stream_fields(req)
@@ -37,7 +39,8 @@ async def completions(request: Request) -> Response:
                                      | X.logprob_token_ids(req, st.engine.engine.model_config.vocab_size))
               for p in prompts]
     greq = GenerationRequest(request_id=P.new_id("cmpl"), model=st.served_model_name, prompts=prompts,
-                             params=params, n=req.n, options=X.answer_options(req))
+                             params=params, n=req.n,
+                             options=X.answer_options(req, per_request_metrics=st.per_request_metrics))
     echoed = None
     if req.echo:
         admit(st, greq)      # token ids are decoded for the echo only once the engine has accepted them
@@ -47,12 +50,18 @@ async def completions(request: Request) -> Response:
     eng = st.engine.engine
     if req.stream:
         return await send_answer(request, asm, streams, ignored, events=completion_stream(
-            asm, streams, eng, X.stream_options(req), logprobs=req.logprobs, echo=req.echo))
+            asm, streams, eng, X.stream_options(req, st.force_include_usage), logprobs=req.logprobs, echo=req.echo))
     return await send_answer(request, asm, streams, ignored,
                              full=completion_full(asm, streams, eng, logprobs=req.logprobs))
 
 
 async def _prompts(st: ServerState, req: P.CompletionRequest) -> list[Prompt]:
+    reused = kv_transfer.reused_prompt_ids(req.kv_transfer_params, st, rendered_anyway=req.echo)
+    if reused is not None:      # the prefill stage's prompt, verbatim (kv_transfer.py)
+        if isinstance(req.prompt, list) and len(req.prompt) > 1 and not all(isinstance(t, int) for t in req.prompt):
+            raise bad_request("kv_transfer_params.prompt_token_ids is one prompt: it cannot stand for a batch of "
+                              f"{len(req.prompt)} prompts", param=kv_transfer.PARAM)
+        return [Prompt(ids=reused)]
     p = req.prompt
     if isinstance(p, str):
         items: list = [p]

@@ -3,8 +3,9 @@ text_completion objects, the chunks of their streams, and their logprobs.
 
 Streams open with one chunk per choice (chat: its role; completions with echo: the prompt),
 then send every delta that carries something, then a usage chunk when asked for, then
-`data: [DONE]`. A delta with nothing to show (a tag the reasoning parser still holds back) is
-not sent."""
+`data: [DONE]`. A delta with nothing to show (a tag the reasoning parser still holds back, part
+of a UTF-8 character) is not sent: its tokens' logprobs and ids go with the next chunk that has
+text (_Held)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from g906.server.assembler import ResponseAssembler
 from g906.server.disconnect import race_disconnect
 from g906.server.generation import merge
 from g906.server.intake import ignored_fields_header
+from g906.server.request_metrics import request_metrics
 from g906.server.sse import SSE_DONE, SSEResponse, sse_event, stream_error
 from g906.server.vllm_extras import AnswerOptions, echo_logprobs, prompt_logprobs_json, token_label
 from g906.server.vllm_extras import usage as vllm_usage
@@ -80,49 +82,87 @@ async def chat_full(asm: ResponseAssembler, streams: list, eng, *, logprobs: boo
         ))
     return P.ChatCompletionResponse(
         **_base(asm), choices=choices, usage=_usage(asm), prompt_token_ids=_ids(asm, asm.request.prompts[0].ids),
-        prompt_logprobs=prompt_logprobs_json(eng, asm.choices[0].prompt_logprobs, o.prompt_logprobs, o.tokens_as_ids))
+        prompt_logprobs=prompt_logprobs_json(eng, asm.choices[0].prompt_logprobs, o.prompt_logprobs, o.tokens_as_ids),
+        metrics=request_metrics(asm.choices, o.per_request_metrics))
 
 
 async def chat_stream(asm: ResponseAssembler, streams: list, eng, opts: P.StreamOptions) -> AsyncIterator[str]:
     base = _base(asm)
-
-    def usage():
-        return _usage(asm) if opts.continuous_usage_stats else None
-
     o = _opts(asm)
-    pending: dict[int, list[int]] = {}     # token ids of deltas not sent yet (a held-back tag)
+    held = _Held(asm)
     try:
         for c in asm.choices:
             yield sse_event(P.ChatCompletionChunk(**base, choices=[P.ChatChunkChoice(
-                index=c.index, delta=P.DeltaMessage(role="assistant", content=""))], usage=usage(),
+                index=c.index, delta=P.DeltaMessage(role="assistant", content=""))], usage=held.usage(opts),
                 prompt_token_ids=_ids(asm, asm.request.prompts[0].ids)))
         async for k, (i, out) in merge(streams):
             d = asm.feed(k, i, out)
-            pending.setdefault(d.index, []).extend(out.new_token_ids)
-            lp = P.ChoiceLogprobs(content=chat_logprobs(eng, d.logprobs, o.tokens_as_ids)) if d.logprobs else None
+            held.add(d, out)
             reasoning = d.reasoning if o.include_reasoning else ""
-            if not (reasoning or d.content or d.finished or lp or d.tool_calls):
-                continue
+            text = bool(reasoning or d.content)
+            if not (text or d.finished or d.tool_calls):
+                continue            # nothing to show yet: its tokens wait for the next text (see _Held)
             # text first, then each piece of a tool call in a chunk of its own (OpenAI's order:
-            # a call's id and name, then its arguments in pieces); the step's finish on the last
+            # a call's id and name, then its arguments in pieces); the step's finish on the last.
+            # The tokens held so far go with the text, else with the last chunk.
             deltas = []
-            if reasoning or d.content or lp or not d.tool_calls:
-                deltas.append((P.DeltaMessage(content=d.content or None, reasoning_content=reasoning or None,
-                                              reasoning=reasoning or None), lp))
-            deltas += [(P.DeltaMessage(tool_calls=[_delta_call(t)]), None) for t in d.tool_calls]
-            for j, (delta, dlp) in enumerate(deltas):
+            if text or not d.tool_calls:
+                deltas.append(P.DeltaMessage(content=d.content or None, reasoning_content=reasoning or None,
+                                             reasoning=reasoning or None))
+            deltas += [P.DeltaMessage(tool_calls=[_delta_call(t)]) for t in d.tool_calls]
+            for j, delta in enumerate(deltas):
                 last = j == len(deltas) - 1
+                lps, ids = held.take(d.index) if (j == 0 and text) or last else ([], [])
+                lp = P.ChoiceLogprobs(content=chat_logprobs(eng, [x for _, run in lps for x in run], o.tokens_as_ids)) \
+                    if lps else None
                 yield sse_event(P.ChatCompletionChunk(**base, choices=[P.ChatChunkChoice(
-                    index=d.index, delta=delta, logprobs=dlp,
+                    index=d.index, delta=delta, logprobs=lp,
                     finish_reason=d.finish_reason if d.finished and last else None,
                     stop_reason=d.stop_reason if d.finished and last else None,
-                    token_ids=_ids(asm, pending.pop(d.index, [])) if last else None)], usage=usage()))
+                    token_ids=_ids(asm, ids) if last or ids else None)], usage=held.usage(opts)))
         if opts.include_usage:
-            yield sse_event(P.ChatCompletionChunk(**base, choices=[], usage=_usage(asm)))
+            yield sse_event(P.ChatCompletionChunk(**base, choices=[], usage=_usage(asm),
+                                                  metrics=request_metrics(asm.choices, o.per_request_metrics)))
     except Exception as exc:  # noqa: BLE001 - the status line is gone; report in the stream
         log.exception("chat stream failed")
         yield stream_error(exc)
     yield SSE_DONE
+
+
+class _Held:
+    """A stream's tokens that were generated but not sent yet, per choice.
+
+    A token whose text the engine holds back (an incomplete UTF-8 character, the start of a
+    possible stop string) or that the output parsers hold back (a partial tag) adds no text; its
+    logprobs and id then wait for the next chunk that has text, so that a chunk never carries a
+    token without text (vLLM's stream rule, which clients that count tokens by their logprobs rely
+    on), and the usage a chunk carries counts exactly the tokens sent so far. A finish chunk
+    carries whatever is still held, with or without text."""
+
+    def __init__(self, asm: ResponseAssembler):
+        self.asm = asm
+        self.runs: dict[int, list[tuple[int, list]]] = {}   # (text offset, TokenLogprobs) runs
+        self.ids: dict[int, list[int]] = {}
+        self.sent = 0
+
+    def add(self, d, out) -> None:
+        self.ids.setdefault(d.index, []).extend(out.new_token_ids)
+        if d.logprobs:
+            self.runs.setdefault(d.index, []).append((d.text_offset, list(d.logprobs)))
+
+    def take(self, index: int) -> tuple[list[tuple[int, list]], list[int]]:
+        ids = self.ids.pop(index, [])
+        self.sent += len(ids)
+        return self.runs.pop(index, []), ids
+
+    def usage(self, opts: P.StreamOptions) -> P.Usage | None:
+        if not opts.continuous_usage_stats:
+            return None
+        asm = self.asm
+        reasoning = asm.reasoning_tokens
+        u = vllm_usage(asm.request.prompt_tokens, self.sent, None if reasoning is None else min(reasoning, self.sent))
+        u.prompt_tokens_details = P.PromptTokensDetails(cached_tokens=asm.cached_tokens)
+        return u
 
 
 # -- completions ------------------------------------------------------------------------------------
@@ -145,48 +185,51 @@ async def completion_full(asm: ResponseAssembler, streams: list, eng, *,
             stop_reason=c.stop_reason, prompt_token_ids=_ids(asm, asm.request.prompts[c.index // n].ids),
             token_ids=_ids(asm, c.token_ids),
             prompt_logprobs=prompt_logprobs_json(eng, c.prompt_logprobs, o.prompt_logprobs, o.tokens_as_ids)))
-    return P.CompletionResponse(**_base(asm), choices=choices, usage=_usage(asm))
+    return P.CompletionResponse(**_base(asm), choices=choices, usage=_usage(asm),
+                                metrics=request_metrics(asm.choices, o.per_request_metrics))
 
 
 async def completion_stream(asm: ResponseAssembler, streams: list, eng, opts: P.StreamOptions, *,
                             logprobs: int | None, echo: bool) -> AsyncIterator[str]:
     base = _base(asm)
-    n, as_ids = asm.request.n, _opts(asm).tokens_as_ids
+    o = _opts(asm)
+    n, as_ids = asm.request.n, o.tokens_as_ids
     first = {c.index for c in asm.choices}   # choices whose prompt_token_ids were not sent yet
-    pending: dict[int, list[int]] = {}
+    held = _Held(asm)
     try:
         late_echo = echo and logprobs is not None   # its logprobs come with the first token
         if echo and not late_echo:
             for c in asm.choices:
                 first.discard(c.index)
-                yield sse_event(P.CompletionResponse(**base, choices=[P.CompletionChoice(
+                yield sse_event(P.CompletionChunk(**base, choices=[P.CompletionChoice(
                     index=c.index, text=c.prefix, finish_reason=None,
-                    prompt_token_ids=_ids(asm, asm.request.prompts[c.index // n].ids))]))
+                    prompt_token_ids=_ids(asm, asm.request.prompts[c.index // n].ids))], usage=held.usage(opts)))
         async for k, (i, out) in merge(streams):
             d = asm.feed(k, i, out)
-            pending.setdefault(d.index, []).extend(out.new_token_ids)
+            held.add(d, out)
             if late_echo and d.index in first:
                 first.discard(d.index)
                 c = asm.choices[d.index]
                 ids = asm.request.prompts[d.index // n].ids
-                yield sse_event(P.CompletionResponse(**base, choices=[P.CompletionChoice(
+                yield sse_event(P.CompletionChunk(**base, choices=[P.CompletionChoice(
                     index=c.index, text=c.prefix, finish_reason=None, prompt_token_ids=_ids(asm, ids),
-                    logprobs=echo_logprobs(eng, ids, c.prompt_logprobs, logprobs, as_ids))]))
-            lp = completion_logprobs(eng, [(d.text_offset, d.logprobs)], as_ids) if logprobs is not None else None
-            if not (d.text or d.finished or lp):
-                continue
+                    logprobs=echo_logprobs(eng, ids, c.prompt_logprobs, logprobs, as_ids))], usage=held.usage(opts)))
+            if not (d.text or d.finished):
+                continue            # no text yet: its tokens wait for the next text (see _Held)
+            runs, ids = held.take(d.index)
+            lp = completion_logprobs(eng, runs, as_ids) if logprobs is not None else None
             prompt_ids = None
             if d.index in first:
                 first.discard(d.index)
                 prompt_ids = _ids(asm, asm.request.prompts[d.index // n].ids)
-            yield sse_event(P.CompletionResponse(**base, choices=[P.CompletionChoice(
+            yield sse_event(P.CompletionChunk(**base, choices=[P.CompletionChoice(
                 index=d.index, text=d.text, logprobs=lp,
                 finish_reason=d.finish_reason if d.finished else None,
                 stop_reason=d.stop_reason if d.finished else None,
-                prompt_token_ids=prompt_ids, token_ids=_ids(asm, pending.pop(d.index, [])))],
-                usage=_usage(asm) if opts.continuous_usage_stats else None))
+                prompt_token_ids=prompt_ids, token_ids=_ids(asm, ids))], usage=held.usage(opts)))
         if opts.include_usage:
-            yield sse_event(P.CompletionResponse(**base, choices=[], usage=_usage(asm)))
+            yield sse_event(P.CompletionChunk(**base, choices=[], usage=_usage(asm),
+                                              metrics=request_metrics(asm.choices, o.per_request_metrics)))
     except Exception as exc:  # noqa: BLE001 - the status line is gone; report in the stream
         log.exception("completion stream failed")
         yield stream_error(exc)

@@ -29,12 +29,12 @@ def _errors(*statuses: int) -> dict:
 @lru_cache(maxsize=2)
 def openapi_document(auth: bool = True) -> dict:
     """auth: whether the server asks for an API key (the document declares bearer auth only then)."""
-    from g906.server import tokenize_routes
+    from g906.server import decisions, tokenize_routes
     from g906.server.anthropic_protocol import CountTokensRequest, MessagesRequest
     from g906.server.responses_protocol import ResponsesRequest
 
     models = [(P.ChatCompletionRequest, "validation"), (P.CompletionRequest, "validation"),
-              *tokenize_routes.OPENAPI_MODELS,
+              *tokenize_routes.OPENAPI_MODELS, *decisions.OPENAPI_MODELS,
               (MessagesRequest, "validation"), (CountTokensRequest, "validation"), (ResponsesRequest, "validation")]
     models += [(m, "serialization") for m in (
         P.ChatCompletionResponse, P.ChatCompletionChunk, P.CompletionResponse, P.ModelList, P.ModelCard,
@@ -124,6 +124,7 @@ def openapi_document(auth: bool = True) -> dict:
                              "completion (prompt)", "ChatCompletionRequest", "ChatCompletionResponse",
                              "ChatCompletionChunk"),
         **tokenize_routes.openapi_paths(_ref, _errors),
+        **decisions.openapi_paths(_ref, _errors),
         "/v1/messages": anthropic("createMessage", "Anthropic Messages API: a message", "MessagesRequest",
                                   "A message object, or (stream=true) Anthropic's server-sent events "
                                   "(message_start ... message_stop)."),

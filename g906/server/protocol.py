@@ -10,7 +10,7 @@ import time
 import uuid
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
 from g906.engine.sampling_params import MAX_LOGPROBS
 
@@ -25,6 +25,19 @@ class _Req(BaseModel):
 
 class _Resp(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class _Chunk(_Resp):
+    """A stream chunk: vLLM's extras (metrics, kv_transfer_params) appear only on the chunks that
+    carry them, as vLLM sends its chunks (clients test for the key, not for null)."""
+
+    @model_serializer(mode="wrap")
+    def _drop_unset_extras(self, handler):
+        d = handler(self)
+        for k in ("metrics", "kv_transfer_params"):
+            if d.get(k, 0) is None:
+                del d[k]
+        return d
 
 
 def ignored_fields(model: BaseModel, prefix: str = "") -> list[str]:
@@ -141,6 +154,9 @@ class _SamplingFields(_Req):
                                   "(prompt + output tokens) ** length_penalty.")
     early_stopping: bool = Field(False, description="Beam search: stop as soon as n sequences have ended "
                                  "(false: go on to max_tokens, as vLLM).")
+    kv_transfer_params: dict[str, Any] | None = Field(
+        None, description="vLLM's disaggregated-prefill parameters: prompt_token_ids is used verbatim as the "
+        "prompt; other keys are ignored (g906/server/kv_transfer.py).")
 
     @field_validator("stop")
     @classmethod
@@ -313,6 +329,8 @@ class ChatCompletionResponse(_Resp):
     system_fingerprint: str | None = None
     prompt_token_ids: list[int] | None = None  # return_token_ids
     prompt_logprobs: PromptLogprobs | None = None
+    kv_transfer_params: dict[str, Any] | None = None   # vLLM's disaggregated prefill: always null here
+    metrics: dict[str, float] | None = None             # server.per_request_metrics (request_metrics.py)
 
 
 class DeltaMessage(_Resp):
@@ -332,7 +350,7 @@ class ChatChunkChoice(_Resp):
     token_ids: list[int] | None = None
 
 
-class ChatCompletionChunk(_Resp):
+class ChatCompletionChunk(_Chunk):
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
@@ -341,6 +359,7 @@ class ChatCompletionChunk(_Resp):
     usage: Usage | None = None
     system_fingerprint: str | None = None
     prompt_token_ids: list[int] | None = None
+    metrics: dict[str, float] | None = None    # on the final usage chunk (server.per_request_metrics)
 
 
 class CompletionLogprobs(_Resp):
@@ -369,6 +388,12 @@ class CompletionResponse(_Resp):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+    metrics: dict[str, float] | None = None
+
+
+class CompletionChunk(_Chunk, CompletionResponse):
+    """A chunk of a completions stream: the answer's shape, extras only where set."""
 
 
 class ModelCard(_Resp):

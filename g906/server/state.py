@@ -25,6 +25,9 @@ class ServerState:
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     architecture: str | None = None      # the model's (g906/arch name): picks the parsers named "auto"
     default_max_tokens: int | None = None  # a chat request's max_tokens when it sets none (None: the context)
+    force_include_usage: bool = False    # every stream chunk carries usage (vLLM's flag)
+    per_request_metrics: bool = False    # answers carry a `metrics` object (vllm_metrics_fields.py)
+    root_path: str | None = None         # a reverse proxy's path prefix (root_path.py)
     engine: Any = None                   # AsyncEngine, once ready
     prompts: Any = None                  # PromptBuilder
     status: str = "loading"              # loading | ok | failed

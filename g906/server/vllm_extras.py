@@ -24,12 +24,13 @@ class AnswerOptions:
     tokens_as_ids: bool = False          # logprob tokens as "token_id:<id>"
     include_reasoning: bool = True
     prompt_logprobs: int | None = None   # k of the response's prompt_logprobs (None: none asked)
+    per_request_metrics: bool = False    # the answer carries `metrics` (server.per_request_metrics)
 
 
-def answer_options(req: P._SamplingFields) -> AnswerOptions:
+def answer_options(req: P._SamplingFields, *, per_request_metrics: bool = False) -> AnswerOptions:
     return AnswerOptions(return_token_ids=req.return_token_ids, tokens_as_ids=req.return_tokens_as_token_ids,
                          include_reasoning=getattr(req, "include_reasoning", True),
-                         prompt_logprobs=req.prompt_logprobs)
+                         prompt_logprobs=req.prompt_logprobs, per_request_metrics=per_request_metrics)
 
 
 def check_stream_fields(req: P._SamplingFields) -> None:
@@ -48,8 +49,12 @@ def check_beam_search(req: P._SamplingFields, constraint_source: str | None) -> 
                           "beam search ranks the model's own continuations", param=constraint_source)
 
 
-def stream_options(req: P._SamplingFields) -> P.StreamOptions:
-    """The stream's usage rules: continuous_usage_stats counts only with include_usage (vLLM)."""
+def stream_options(req: P._SamplingFields, force_usage: bool = False) -> P.StreamOptions:
+    """The stream's usage rules: continuous_usage_stats counts only with include_usage (vLLM);
+    force_usage (server.force_include_usage, vLLM's --enable-force-include-usage): both on,
+    whatever the request says."""
+    if force_usage:
+        return P.StreamOptions(include_usage=True, continuous_usage_stats=True)
     o = req.stream_options or P.StreamOptions()
     return P.StreamOptions(include_usage=o.include_usage,
                            continuous_usage_stats=o.include_usage and o.continuous_usage_stats)

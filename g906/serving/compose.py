@@ -137,7 +137,9 @@ def build_app(plan: Plan) -> tuple[Any, ServerState]:
                         api_key=api_key_from_env(plan), max_body_bytes=max_body_bytes(),
                         body_timeout_s=plan.recipe.server.body_timeout_s,
                         max_stored_responses=plan.recipe.server.max_stored_responses,
-                        default_max_tokens=default_max_tokens(plan))
+                        default_max_tokens=default_max_tokens(plan), root_path=plan.root_path,
+                        force_include_usage=plan.force_include_usage,
+                        per_request_metrics=plan.per_request_metrics)
     app = create_app(state)
     add_cors(app, plan.allowed_origins)
     return app, state

@@ -32,4 +32,5 @@ def merge_outputs(a, b):
     a.new_token_texts += b.new_token_texts
     a.finished, a.finish_reason, a.stop_reason = b.finished, b.finish_reason, b.stop_reason
     a.num_output_tokens = b.num_output_tokens
+    a.token_at = b.token_at
     return a
