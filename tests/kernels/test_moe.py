@@ -93,6 +93,21 @@ def test_sort_by_expert_groups_pairs():
     assert pairs.tolist()[:8] == [3, n, 1, 2, 0, 4, 5, n] and set(pairs.tolist()[8:]) == {n}
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs a GPU")
+def test_sort_by_expert_is_captured_by_a_cuda_graph():
+    """The prefill graphs capture the grouped GEMM's sort: nothing in it may read back to the
+    host (torch.bincount did, and the MoE model's prefill graphs fell back to eager)."""
+    ids = torch.randint(0, 64, (96, 8), device="cuda", dtype=torch.int32)
+    want = sort_by_expert(ids, 64, 16)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = sort_by_expert(ids, 64, 16)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 @pytest.mark.parametrize("T", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_routed_gemv_dense(T, dtype):

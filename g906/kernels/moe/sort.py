@@ -25,7 +25,9 @@ def sort_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int):
     dev = flat.device
     n_tiles = max_tiles(n, num_experts, block_m)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts)
+    # a scatter-add, not torch.bincount: bincount reads the largest id back to the host to size
+    # its output, which a CUDA graph capture (the prefill graphs) refuses
+    counts = torch.zeros(num_experts, dtype=torch.long, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
     tiles = (counts + block_m - 1) // block_m
     tiles_end = torch.cumsum(tiles, 0)                               # one past each expert's last tile
     tile_start = tiles_end - tiles
