@@ -15,7 +15,9 @@ def g906(*args, env=None):
 
 
 def test_show_completion_script():
-    out = g906("--show-completion", "bash")
+    # Typer finds the shell from the process tree, else $SHELL: under a detached runner (no
+    # shell above the test) only the variable names it
+    out = g906("--show-completion", "bash", env={"SHELL": "/bin/bash"})
     assert out.returncode == 0, out.stderr
     assert "complete -o default -F _g906_completion g906" in out.stdout
 
