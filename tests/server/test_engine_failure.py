@@ -4,30 +4,14 @@ OpenAI's error shape (not a 500), and /health reports the engine down."""
 from __future__ import annotations
 
 import pytest
-from starlette.testclient import TestClient
 
-from g906.serving import build_engine, load_and_resolve
-from g906.engine.async_engine import AsyncEngine
-from g906.engine.llm import PromptBuilder
-from g906.server.app import ServerState, create_app
+from tests.server.failing_engine import failing_client
 
 
 @pytest.fixture()
 def failing_server(tmp_path):
-    recipe = tmp_path / "r.toml"
-    recipe.write_text('[model]\nsource = "builtin:tiny-qwen35"\n[engine.embedded]\ncpu_kv_cache_gib = 0.01\n')
-    loaded, engine = build_engine(load_and_resolve(recipe), progress=False)
-    aeng = AsyncEngine(engine)
-    aeng.start()
-    state = ServerState(served_model_name="tiny-qwen35")
-    state.set_ready(aeng, PromptBuilder(loaded.tokenizer, loaded.chat_template))
-
-    def broken_forward(*args, **kwargs):   # fault injection: the device fails mid-request
-        raise RuntimeError("HIP error: an illegal memory access was encountered")
-
-    loaded.model.forward = broken_forward
-    yield TestClient(create_app(state), raise_server_exceptions=False)
-    aeng.shutdown(drain_timeout=1.0)
+    with failing_client(tmp_path) as client:
+        yield client
 
 
 def test_engine_failure_under_a_request_is_503_not_500(failing_server):

@@ -8,32 +8,15 @@ import json
 import time
 
 import pytest
-from starlette.testclient import TestClient
-
-from g906.engine.async_engine import AsyncEngine
-from g906.engine.llm import PromptBuilder
-from g906.server.app import ServerState, create_app
-from g906.serving import build_engine, load_and_resolve
 from openai.types.responses import Response, ResponseErrorEvent
+
+from tests.server.failing_engine import failing_client
 
 
 @pytest.fixture()
 def failing(tmp_path):
-    recipe = tmp_path / "r.toml"
-    recipe.write_text('[model]\nsource = "builtin:tiny-qwen35"\n[engine.embedded]\ncpu_kv_cache_gib = 0.01\n')
-    loaded, engine = build_engine(load_and_resolve(recipe), progress=False)
-    aeng = AsyncEngine(engine)
-    aeng.start()
-    state = ServerState(served_model_name="tiny-qwen35")
-    state.set_ready(aeng, PromptBuilder(loaded.tokenizer, loaded.chat_template))
-
-    def broken_forward(*args, **kwargs):   # fault injection: the device fails mid-request
-        raise RuntimeError("HIP error: an illegal memory access was encountered")
-
-    loaded.model.forward = broken_forward
-    with TestClient(create_app(state), raise_server_exceptions=False) as client:
+    with failing_client(tmp_path) as client:
         yield client
-    aeng.shutdown(drain_timeout=1.0)
 
 
 def test_full_answer_is_503(failing):
