@@ -525,7 +525,9 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, help="work here and keep the files (default: a temporary directory)")
     ap.add_argument("--files", default="*", help="glob over the test file names")
     ap.add_argument("-k", help="pytest -k expression")
-    ap.add_argument("--timeout", type=int, default=900, help="seconds per file")
+    # a random model writes until it samples its end token, up to the context (18k tokens in some
+    # files): a file of many such requests takes tens of minutes on a CPU
+    ap.add_argument("--timeout", type=int, default=3600, help="seconds per file")
     a = ap.parse_args()
     work = a.keep or Path(tempfile.mkdtemp(prefix="vllm-conformance-"))
     work.mkdir(parents=True, exist_ok=True)

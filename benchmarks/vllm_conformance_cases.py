@@ -14,6 +14,8 @@ import fnmatch
 ANSWER = "asserts the content of a correct answer (a real model's arithmetic, extraction or memory)"
 CHOSEN_CALL = "tool_choice \"auto\": whether to call a tool is the model's choice, and a random model makes none"
 BOTH_PARTS = "asserts the model both reasons and then answers (a random model may stop inside its reasoning)"
+SHORT_ANSWER = ("asserts the answer to \"Hello!\" is finished within 10 seconds: a real model's greeting is short, "
+                "a random model writes until it happens to sample its end token")
 FINISHED_ARGS = ("asserts complete schema-valid arguments within max_completion_tokens and a different name on "
                  "request: the grammar leaves strings free, and a random model's string runs to the token limit")
 
@@ -23,7 +25,10 @@ MODEL_DEPENDENT: list[tuple[str, str, str]] = [
     ("responses/test_basic.py", "test_simple_input", ANSWER),
     ("responses/test_basic.py", "test_instructions", ANSWER),
     ("responses/test_basic.py", "test_chat", ANSWER),
+    ("responses/test_basic.py", "test_logprobs", BOTH_PARTS + "; the logprobs asked for are the answer's"),
     ("responses/test_simple.py", "test_reasoning_item*", BOTH_PARTS),
+    ("responses/test_simple.py", "test_streaming_logprobs*", BOTH_PARTS + "; the logprobs asked for are the answer's"),
+    ("responses/test_stateful.py", "test_background", SHORT_ANSWER),
     ("responses/test_stateful.py", "test_previous_response_id", ANSWER),
     ("responses/test_stateful.py", "test_two_responses_with_same_prev_id", ANSWER),
     ("responses/test_structured_output.py", "test_structured_output", ANSWER),
