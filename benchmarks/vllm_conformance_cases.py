@@ -16,12 +16,14 @@ CHOSEN_CALL = "tool_choice \"auto\": whether to call a tool is the model's choic
 BOTH_PARTS = "asserts the model both reasons and then answers (a random model may stop inside its reasoning)"
 SHORT_ANSWER = ("asserts the answer to \"Hello!\" is finished within 10 seconds: a real model's greeting is short, "
                 "a random model writes until it happens to sample its end token")
-FINISHED_ARGS = ("asserts complete schema-valid arguments within max_completion_tokens and a different name on "
-                 "request: the grammar leaves strings free, and a random model's string runs to the token limit")
+FINISHED_ARGS = ("asserts a finished call: the grammar leaves strings free, and a random model's strings run to "
+                 "the token limit (the answer then ends incomplete: response.incomplete in a stream, as vLLM's "
+                 "server sends it)")
 
 MODEL_DEPENDENT: list[tuple[str, str, str]] = [
     ("chat_completion/test_completion_with_function_calling.py", "test_function_tool_use[*-auto-*]", CHOSEN_CALL),
-    ("chat_completion/test_completion_with_function_calling.py", "test_named_tool_use", FINISHED_ARGS),
+    ("chat_completion/test_completion_with_function_calling.py", "test_named_tool_use",
+     FINISHED_ARGS + ", and a different name when asked for one"),
     ("responses/test_basic.py", "test_simple_input", ANSWER),
     ("responses/test_basic.py", "test_instructions", ANSWER),
     ("responses/test_basic.py", "test_chat", ANSWER),
@@ -36,6 +38,9 @@ MODEL_DEPENDENT: list[tuple[str, str, str]] = [
     ("responses/test_namespace_tool_separator.py", "test_namespace_tool_separator*", CHOSEN_CALL),
     ("responses/test_function_call.py", "test_function_tool_use[auto-*]", CHOSEN_CALL),
     ("responses/test_function_call.py", "test_function_calling_with_streaming_expected_arguments*", CHOSEN_CALL),
+    ("responses/test_function_call.py", "test_named_tool_use", BOTH_PARTS + " to the tool's result"),
+    ("responses/test_function_call.py", "test_function_calling_with_streaming_types[*-required-*]", FINISHED_ARGS),
+    ("responses/test_function_call.py", "test_function_calling_with_streaming_types[*-tool_choice2-*]", FINISHED_ARGS),
     ("responses/test_function_call.py", "test_function_calling_with_streaming_forced_tool_choice[auto-*]",
      CHOSEN_CALL),
 ]
