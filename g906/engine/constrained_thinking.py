@@ -28,22 +28,7 @@ from dataclasses import replace
 
 import torch
 
-from g906.engine.thinking_budget import force
-
-
-def _contains(seq: list[int], sub: tuple[int, ...]) -> bool:
-    """Whether sub occurs in seq (a C-speed scan for the first id, then a comparison)."""
-    if not sub:
-        return False
-    first, n, i = sub[0], len(sub), 0
-    while True:
-        try:
-            i = seq.index(first, i)
-        except ValueError:
-            return False
-        if tuple(seq[i:i + n]) == sub:
-            return True
-        i += 1
+from g906.engine.thinking_budget import find, force
 
 
 def with_end_tag(params, encode):
@@ -66,7 +51,7 @@ def with_end_tag(params, encode):
 
 def thinking(params, output_ids: list[int]) -> bool:
     """Whether the rule holds this request: its constraint waits for the end tag, not yet sampled."""
-    return params.answer_after_thinking and not _contains(output_ids, params.think_end_ids)
+    return params.answer_after_thinking and find(output_ids, params.think_end_ids) < 0
 
 
 def continuation(params, output_ids: list[int]) -> int | None:

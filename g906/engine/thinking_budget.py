@@ -11,15 +11,21 @@ from __future__ import annotations
 import torch
 
 
-def _find(seq: list[int], sub: tuple[int, ...], start: int = 0) -> int:
-    """Index of the first occurrence of sub in seq[start:] (-1: none)."""
+def find(seq: list[int], sub: tuple[int, ...], start: int = 0) -> int:
+    """Index of the first occurrence of sub in seq[start:] (-1: none). A C-speed scan for the
+    first id, then a comparison: it runs every step on the whole output of a thinking request."""
     n = len(sub)
     if n == 0:
         return -1
-    for i in range(start, len(seq) - n + 1):
+    i = start
+    while True:
+        try:
+            i = seq.index(sub[0], i)
+        except ValueError:
+            return -1
         if tuple(seq[i:i + n]) == sub:
             return i
-    return -1
+        i += 1
 
 
 def forced_token(params, output_ids: list[int]) -> int | None:
@@ -30,11 +36,11 @@ def forced_token(params, output_ids: list[int]) -> int | None:
     if params.think_open:
         begin = 0
     else:
-        at = _find(output_ids, params.think_start_ids)
+        at = find(output_ids, params.think_start_ids)
         if at < 0:
             return None
         begin = at + len(params.think_start_ids)
-    if _find(output_ids, params.think_end_ids, begin) >= 0:
+    if find(output_ids, params.think_end_ids, begin) >= 0:
         return None
     over = len(output_ids) - begin - budget      # the end tag's tokens forced so far
     if 0 <= over < len(params.think_end_ids):
