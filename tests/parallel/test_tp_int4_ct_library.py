@@ -14,15 +14,9 @@ pytest.importorskip("compressed_tensors", reason="compressed-tensors (the test e
 
 from g906.kernels.int4.experts import GroupQuantExperts  # noqa: E402
 from g906.kernels.int4.weight import GroupQuantWeight  # noqa: E402
-from tests.engine.conftest import (  # noqa: E402
-    TinyRunner,
-    build_tiny_qwen35moe,
-    hf_greedy,
-    hf_logits,
-    random_prompt,
-    rel_err,
-)
+from tests.engine.conftest import build_tiny_qwen35moe  # noqa: E402
 from tests.engine.ct_library import quantize_with_compressed_tensors  # noqa: E402
+from tests.parallel.conftest import assert_tp_matches_tp1_and_hf  # noqa: E402
 
 IGNORE = ["lm_head", r"re:.*mlp\.gate$", r"re:.*shared_expert_gate$", r"re:.*linear_attn\.in_proj_[ab]$"]
 
@@ -47,13 +41,4 @@ def test_tp2_matches_tp1_and_transformers(ct_pair):
     layer = ref.model.model.layers[3]
     assert isinstance(layer.mlp.experts.down_proj, GroupQuantExperts)
     assert isinstance(layer.self_attn.o_proj.weight, GroupQuantWeight) and layer.self_attn.o_proj.weight.zeros is not None
-    r1, r2 = TinyRunner(ref.model, max_seqs=1, max_len=96), TinyRunner(tp.model, max_seqs=1, max_len=96)
-    for n, seed in ((1, 5), (27, 6)):
-        p = random_prompt(n, seed)
-        r1.release(0)
-        r2.release(0)
-        a, b = r1.step([0], [p]), r2.step([0], [p])
-        assert rel_err(b, a) < 1e-5
-        assert rel_err(b[0], hf_logits(hf, p)[-1]) < 1e-4
-    p = random_prompt(11, 7)
-    assert r2.greedy(0, p, 8) == hf_greedy(hf, p, 8)
+    assert_tp_matches_tp1_and_hf(ref, tp, hf)

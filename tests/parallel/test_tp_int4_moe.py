@@ -13,8 +13,9 @@ import pytest
 
 from g906.errors import G906Error
 from g906.kernels.int4.experts import GroupQuantExperts
-from tests.engine.conftest import TinyRunner, build_tiny_qwen35moe, hf_greedy, hf_logits, random_prompt, rel_err
+from tests.engine.conftest import build_tiny_qwen35moe
 from tests.engine.hf_quant_writer import write_quantized
+from tests.parallel.conftest import assert_tp_matches_tp1_and_hf
 
 BA = re.compile(r".*linear_attn\.in_proj_[ab]$")
 EXPERT = re.compile(r".*\.mlp\.experts\.\d+\.(gate|up|down)_proj$")
@@ -79,13 +80,4 @@ def test_tp2_matches_tp1_and_transformers(int4_moe):
     assert tp.info["weight_bytes"] < ref.info["weight_bytes"]
     assert isinstance(ref.model.model.layers[0].mlp.experts.gate_up, GroupQuantExperts)
     assert tp.model.config.moe_intermediate_size == 128
-    r1, r2 = TinyRunner(ref.model, max_seqs=1, max_len=96), TinyRunner(tp.model, max_seqs=1, max_len=96)
-    for n, seed in ((1, 5), (27, 6)):
-        p = random_prompt(n, seed)
-        r1.release(0)
-        r2.release(0)
-        a, b = r1.step([0], [p]), r2.step([0], [p])
-        assert rel_err(b, a) < 1e-5
-        assert rel_err(b[0], hf_logits(hf, p)[-1]) < 1e-4
-    p = random_prompt(11, 7)
-    assert r2.greedy(0, p, 8) == hf_greedy(hf, p, 8)
+    assert_tp_matches_tp1_and_hf(ref, tp, hf)
