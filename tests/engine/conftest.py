@@ -301,3 +301,16 @@ class TinyRunner:
 def random_prompt(length: int, seed: int) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, TINY_VOCAB, (length,), generator=g).tolist()
+
+
+def assert_matches_transformers(model, hf_model, greedy_tokens: int) -> None:
+    """g906's logits equal transformers' (1e-4) for a one-token prompt (the decode routes) and a
+    21-token one (the prefill routes), and its greedy continuation of a third prompt is theirs."""
+    runner = TinyRunner(model, max_seqs=2, max_len=96)
+    for n, seed in ((1, 3), (21, 4)):
+        p = random_prompt(n, seed)
+        runner.release(0)
+        logits = runner.step([0], [p])[0]
+        assert rel_err(logits, hf_logits(hf_model, p)[-1]) < 1e-4
+    p = random_prompt(13, 5)
+    assert runner.greedy(1, p, greedy_tokens) == hf_greedy(hf_model, p, greedy_tokens)

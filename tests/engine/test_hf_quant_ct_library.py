@@ -23,6 +23,7 @@ from g906.kernels.int4.weight import GroupQuantWeight  # noqa: E402
 
 from .conftest import (  # noqa: E402
     TinyRunner,
+    assert_matches_transformers,
     build_tiny_qwen35,
     build_tiny_qwen35_vl,
     build_tiny_qwen35moe,
@@ -117,14 +118,7 @@ def test_the_library_wrote_it_and_g906_keeps_it_packed(written):
 
 def test_logits_and_greedy_match_transformers_on_the_library_decompression(written):
     name, _, ref, _, lm = written
-    runner = TinyRunner(lm.model, max_seqs=2, max_len=96)
-    for n, seed in ((1, 3), (21, 4)):             # decode (one token) and prefill routes
-        p = random_prompt(n, seed)
-        runner.release(0)
-        logits = runner.step([0], [p])[0]
-        assert rel_err(logits, hf_logits(ref, p)[-1]) < 1e-4
-    p = random_prompt(13, 5)
-    assert runner.greedy(1, p, 10) == hf_greedy(ref, p, 10)
+    assert_matches_transformers(lm.model, ref, greedy_tokens=10)
 
 
 def test_quantization_changed_the_model(written):

@@ -17,7 +17,7 @@ from g906.errors import G906Error
 from g906.kernels.int4.experts import GroupQuantExperts
 from g906.kernels.int4.weight import GroupQuantWeight
 
-from .conftest import TinyRunner, build_tiny_qwen35moe, hf_greedy, hf_logits, random_prompt, rel_err
+from .conftest import assert_matches_transformers, build_tiny_qwen35moe
 from .hf_quant_writer import write_quantized
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
@@ -90,14 +90,7 @@ def test_experts_stay_packed_one_tensor_per_projection(quantized):
 
 def test_logits_and_greedy_match_transformers(quantized):
     _, hf, lm, _, _ = quantized
-    runner = TinyRunner(lm.model, max_seqs=2, max_len=96)
-    for n, seed in ((1, 3), (21, 4)):         # the decode (one token) and the grouped (prefill) routes
-        p = random_prompt(n, seed)
-        runner.release(0)
-        logits = runner.step([0], [p])[0]
-        assert rel_err(logits, hf_logits(hf, p)[-1]) < 1e-4
-    p = random_prompt(13, 5)
-    assert runner.greedy(1, p, 8) == hf_greedy(hf, p, 8)
+    assert_matches_transformers(lm.model, hf, greedy_tokens=8)
 
 
 def test_experts_quantized_differently_are_refused(tmp_path):
