@@ -96,7 +96,7 @@ def test_sort_by_expert_groups_pairs():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs a GPU")
 def test_sort_by_expert_is_captured_by_a_cuda_graph():
     """The prefill graphs capture the grouped GEMM's sort: nothing in it may read back to the
-    host (torch.bincount did, and the MoE model's prefill graphs fell back to eager)."""
+    host (as torch.bincount does, to size its output), or the MoE model's prefill runs eager."""
     ids = torch.randint(0, 64, (96, 8), device="cuda", dtype=torch.int32)
     want = sort_by_expert(ids, 64, 16)
     torch.cuda.synchronize()
