@@ -152,7 +152,10 @@ def test_cors_preflight_and_simple_requests(gguf_server):
 
 
 def test_vllm_named_metrics(gguf_server):
-    httpx.post(gguf_server.v1 + "/completions", json={"prompt": "Hello", "max_tokens": 2}, timeout=120)
+    # ignore_eos: a random model may end on its first token, and the counters need two to be checked
+    r = httpx.post(gguf_server.v1 + "/completions", timeout=120,
+                   json={"prompt": "Hello", "max_tokens": 2, "ignore_eos": True})
+    assert r.json()["usage"]["completion_tokens"] == 2, r.text
     m = gguf_server.metrics()
     for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                  "vllm:gpu_cache_usage_perc", "vllm:num_preemptions_total", "vllm:prompt_tokens_total",
