@@ -69,7 +69,7 @@ class ChoiceAssembler:
         in_reasoning = getattr(self.reasoning_parser, "state", None) == "reasoning"
         if out.new_logprobs:
             self.logprob_runs.append((offset, list(out.new_logprobs)))
-        reasoning, content, calls = self._parse(out.new_text, out.finished)
+        reasoning, content, calls = self._parse(out.new_text, out.finished, out.finish_reason == "length")
         if self.reasoning_parser is not None and (in_reasoning or reasoning):
             self.reasoning_tokens += len(out.new_token_ids)
         if out.finished:
@@ -78,7 +78,7 @@ class ChoiceAssembler:
                            tool_calls=calls, logprobs=out.new_logprobs, text_offset=offset, finished=out.finished,
                            finish_reason=self._finish_reason(out.finish_reason), stop_reason=out.stop_reason)
 
-    def _parse(self, text: str, finished: bool) -> tuple[str, str, list[ToolCallDelta]]:
+    def _parse(self, text: str, finished: bool, cut: bool = False) -> tuple[str, str, list[ToolCallDelta]]:
         """The output parsers over one delta (and, once it ended, what they held back): the
         reasoning parser first, the tool parser on the content it leaves."""
         reasoning, content, calls = "", text, []
@@ -91,7 +91,7 @@ class ChoiceAssembler:
         if t is not None:
             content, calls = t.feed(content)
             if finished:
-                c2, k2 = t.finish()
+                c2, k2 = t.finish(cut=cut)
                 content, calls = content + c2, calls + k2
         if finished:
             self._flushed = True

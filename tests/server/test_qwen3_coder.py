@@ -51,6 +51,21 @@ def test_any_split_gives_the_same_answer(name, cuts):
     assert parse(pieces)[:2] == parse([text])[:2]
 
 
+def test_a_call_cut_by_the_token_limit_is_left_unterminated():
+    text = CASES["content_then_parallel"][0]
+    last_param = text.rindex("<parameter=")
+    for end, written in ((last_param + len("<parameter=unit>\ncel"), '{"city": "Oslo"'),   # inside a value
+                         (last_param, '{"city": "Oslo"'), (text.rindex("</function>"), '{"city": "Oslo", "unit": "celsius"')):
+        p = Qwen3CoderToolParser(tools=SPECS)
+        _, deltas = p.feed(text[:end])
+        calls = merge_tool_calls(deltas + p.finish(cut=True)[1])
+        assert [json.loads(c.arguments) for c in calls[:-1]] == [{"city": "Paris", "days": 3}]
+        assert calls[-1].arguments == written     # no "}": no client takes it for a whole call (nor does OpenAI send one)
+    p = Qwen3CoderToolParser(tools=SPECS)          # calls that ended before the limit stay whole
+    _, deltas = p.feed(text)
+    assert all(isinstance(json.loads(c.arguments), dict) for c in merge_tool_calls(deltas + p.finish(cut=True)[1]))
+
+
 def test_parallel_tool_calls_false_keeps_the_first():
     _, calls, _ = parse([CASES["content_then_parallel"][0]], max_calls=1)
     assert calls == [("get_weather", {"city": "Paris", "days": 3})]

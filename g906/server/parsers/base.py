@@ -93,8 +93,11 @@ class ToolParser(Protocol):
     def feed(self, content: str) -> tuple[str, list[ToolCallDelta]]:
         """(content delta left for the client, tool-call deltas) for the next piece of content."""
 
-    def finish(self) -> tuple[str, list[ToolCallDelta]]:
-        """What was held back, once the output has ended."""
+    def finish(self, cut: bool = False) -> tuple[str, list[ToolCallDelta]]:
+        """What was held back, once the output has ended. cut: it ended at the token limit, so a
+        call still being written is incomplete: its arguments are left unterminated (JSON that
+        does not parse, as OpenAI sends a call cut off by max_tokens), never closed into an
+        object a client could run as if it were whole."""
 
     def grammar(self, tools: list[ToolSpec], *, parallel: bool) -> str:
         """A Lark grammar (llguidance's dialect) of an answer that is nothing but one call (or,

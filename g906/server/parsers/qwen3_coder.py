@@ -19,7 +19,8 @@ identifier) is content as a whole.
 Streaming: feed() is a state machine over the text so far that only moves on decided input (a
 tag cut across pieces is held back), so any split of the same output yields the same content
 and calls. A call's first delta is its id and name, once `<function=NAME>` is complete; then
-its arguments stream as JSON text: "{", each parameter once its value has ended, "}"."""
+its arguments stream as JSON text: "{", each parameter once its value has ended, "}". A call
+that the token limit cuts off gets no "}" (finish(cut=True))."""
 
 from __future__ import annotations
 
@@ -248,8 +249,9 @@ class Qwen3CoderToolParser:
         calls.append(ToolCallDelta(index=self.num_calls - 1, arguments="}"))
         self.function = None
 
-    def finish(self) -> tuple[str, list[ToolCallDelta]]:
-        """The output ended: close what is open; with no call at all, the held text is content."""
+    def finish(self, cut: bool = False) -> tuple[str, list[ToolCallDelta]]:
+        """The output ended: close what is open (unless `cut`: see ToolParser.finish; the value
+        being written is then left out too); with no call at all, the held text is content."""
         calls: list[ToolCallDelta] = []
         content = ""
         self.final = True
@@ -258,10 +260,10 @@ class Qwen3CoderToolParser:
             pass
         content = "".join(out)
         st = self.state
-        if st == "value":
+        if st == "value" and not cut:
             self._emit_param(self.buf, calls)
             st = "params"
-        if st in ("params", "key"):
+        if st in ("params", "key") and not cut:
             self._close_call(calls)
         if self.num_calls == 0:
             content += self.held if st != "content" else self.buf
