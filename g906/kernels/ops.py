@@ -102,6 +102,10 @@ registry.register("gated_delta_rule_prefill", _gdn.gated_delta_rule_prefill,
                   "gdn.kernel:gated_delta_rule_prefill",
                   lambda q, k, v, a, b, *r, **kw: _ok(q, k, v) and r[3].dtype == torch.float32
                   and _last_contig(q, k, v, a, b) and k.shape[-1] <= 256)
+registry.register("gated_delta_rule_recurrent", _gdn.gated_delta_rule_recurrent,
+                  "gdn.recurrent:gated_delta_rule_recurrent",
+                  lambda q, k, v, a, b, *r, **kw: _ok(q, k, v) and r[3].dtype == torch.float32
+                  and _last_contig(q, k, v, a, b) and k.shape[-1] <= 256)
 registry.register("argmax", _argmax.argmax, "argmax.kernel:argmax",
                   lambda x: x.dim() == 2 and x.stride(1) == 1 and _ok(x))
 registry.register("embedding", _emb.embedding, "embedding.kernel:embedding",
@@ -275,6 +279,15 @@ def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, cu_seqlens, ssm_stat
     return registry.dispatch("gated_delta_rule_prefill", q, k, v, a, b, A_log, dt_bias,
                              cu_seqlens, ssm_states, state_slots, has_initial_state,
                              v_head_order=v_head_order, chunk_size=chunk_size)
+
+
+def gated_delta_rule_recurrent(q, k, v, a, b, A_log, dt_bias, cu_seqlens, ssm_states, state_slots,
+                               has_initial_state, *, v_head_order="grouped"):
+    """gated_delta_rule_prefill's contract computed token by token: for sequences of a few
+    tokens (a speculative verify step and its rollback), where whole chunks would be padding."""
+    return registry.dispatch("gated_delta_rule_recurrent", q, k, v, a, b, A_log, dt_bias,
+                             cu_seqlens, ssm_states, state_slots, has_initial_state,
+                             v_head_order=v_head_order)
 
 
 def embedding(weight, ids, dtype):

@@ -157,7 +157,7 @@ def test_independent_reference_ops_agree(g906_tiny, hf_refs, monkeypatch):
 
     for name in ("causal_conv1d_decode", "causal_conv1d_prefill", "conv_gated_delta_rule_decode",
                  "gated_delta_rule_decode",
-                 "gated_delta_rule_prefill", "gated_rms_norm", "linear", "paged_decode_attention",
+                 "gated_delta_rule_prefill", "gated_delta_rule_recurrent", "gated_rms_norm", "linear", "paged_decode_attention",
                  "prefill_attention", "qk_norm_rotary", "rms_norm", "rotary_", "silu_and_mul",
                  "store_kv"):
         monkeypatch.setattr(ops, name, getattr(reference, name))

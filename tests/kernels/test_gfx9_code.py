@@ -467,7 +467,18 @@ def _launches(s: dict, zero_centred: bool) -> dict:
             z(lv, dtype=f32), z(2, lv, dk, dv, dtype=f32), z(1, dtype=i32), num_k_heads=lk,
             head_k_dim=dk, v_head_order=order, gated_norm=gated_norm)
 
+    def gdn_recurrent(order):          # a verify step's rows: 1 + k tokens a sequence
+        from g906.kernels.gdn.recurrent import gated_delta_rule_recurrent
+
+        x = z(4, conv_dim)
+        return lambda: gated_delta_rule_recurrent(
+            x[:, :lk * dk].view(4, lk, dk), x[:, lk * dk:2 * lk * dk].view(4, lk, dk), x[:, 2 * lk * dk:].view(4, lv, dv),
+            z(4, lv), z(4, lv), z(lv, dtype=f32), z(lv, dtype=f32), torch.tensor([0, 4], dtype=i32),
+            z(2, lv, dk, dv, dtype=f32), z(1, dtype=i32), torch.ones(1, dtype=torch.bool), v_head_order=order)
+
     return {
+        "gdn_recurrent grouped": ("gdn.recurrent", "_gdn_recurrent_kernel", gdn_recurrent("grouped")),
+        "gdn_recurrent tiled": ("gdn.recurrent", "_gdn_recurrent_kernel", gdn_recurrent("tiled")),
         "rms_norm": ("norm.kernel", "_rms_norm_kernel", lambda: mods["norm"].rms_norm(
             z(1, h), z(h), 1e-6, residual=z(1, h), zero_centred=zero_centred)),
         "qk_norm_rotary": ("rotary.kernel", "_qk_norm_rotary_kernel", lambda: mods["rotary"].qk_norm_rotary(
@@ -533,7 +544,7 @@ def _fused_gemvs(s: dict, zero_centred: bool) -> dict:
 
 
 LAUNCHERS = ("rms_norm", "qk_norm_rotary", "gdn_decode grouped", "gdn_decode tiled",
-             "gdn_decode gated_norm", "gated_rms_norm",
+             "gdn_decode gated_norm", "gdn_recurrent grouped", "gdn_recurrent tiled", "gated_rms_norm",
              "silu_and_mul", "silu_mul_linear F16", "gated_norm_linear F16",
              *(f"embedding {q}" for q in ("Q8_0", "Q4_K", "Q5_K", "Q6_K")),
              *(f"silu_mul_linear {q}" for q in QTYPES), *(f"linear_glu {q}" for q in QTYPES))

@@ -234,6 +234,37 @@ def test_gdn_prefill(lens, chunk, order):
     assert torch.isnan(sts[0][1]).all()
 
 
+@pytest.mark.parametrize("order", ["grouped", "tiled"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gdn_recurrent_short_sequences(order, dtype):
+    """The token-by-token kernel for verify steps: several short sequences (one empty, one
+    fresh), strided rows, states through slots; equal to the chunked kernel and the references."""
+    from g906.engine.layers.reference import gated_delta_rule_recurrent as independent
+
+    g = torch.Generator().manual_seed(37)
+    Hk, Hv, Dk, Dv, S = 2, 4, 16, 24, 6
+    lens = [4, 1, 0, 3, 2]
+    q, k, v, a, b, A_log, dt_bias = _gdn_inputs(sum(lens), Hk, Hv, Dk, Dv, dtype, g)
+    cu = _i32([0] + torch.tensor(lens).cumsum(0).tolist())
+    slots = _i32([3, 0, 5, 2, 4])
+    init = torch.tensor([True, True, True, False, True], device=DEVICE)
+    st0 = randn(S, Hv, Dk, Dv, gen=g, scale=0.3)
+    st0[1] = float("nan")
+    sts = [st0.clone() for _ in range(4)]
+    args = (q, k, v, a, b, A_log, dt_bias, cu)
+    o_t = registry.call_triton("gated_delta_rule_recurrent", *args, sts[0], slots, init, v_head_order=order)
+    o_r = registry.call_reference("gated_delta_rule_recurrent", *args, sts[1], slots, init, v_head_order=order)
+    o_c = registry.call_triton("gated_delta_rule_prefill", *args, sts[2], slots, init, v_head_order=order,
+                               chunk_size=16)
+    o_i = independent(*args, sts[3], slots, init, v_head_order=order)
+    used = slots.tolist()
+    for o, st in ((o_r, sts[1]), (o_c, sts[2]), (o_i, sts[3])):
+        assert_close(o_t, o)
+        assert_close(sts[0][used], st[used])
+    assert torch.isnan(sts[0][1]).all()
+    assert_close(sts[0][5], st0[5])        # an empty sequence keeps its state
+
+
 def test_gdn_prefill_several_tiles():
     # Dk, Dv not multiples of 16 (several key/value tiles, the last partly masked), an empty
     # sequence, chunk 32, state read and written through strided slots
@@ -332,6 +363,16 @@ def test_gdn_real_shapes(order):
     o_r = registry.call_reference("gated_delta_rule_prefill", *args, s2, slots, init, v_head_order=order)
     assert_close(o_t, o_r)
     assert_close(s1, s2, tol=1e-4)
+    short = [4, 2, 1, 4]                          # a verify step's rows: 1 + k tokens a sequence
+    cs = _i32([0] + torch.tensor(short).cumsum(0).tolist())
+    rows = (q[:11], k[:11], v[:11], a[:11], b[:11], A_log, dt_bias, cs)
+    sl4, init4 = _i32([2, 0, 1, 3]), torch.tensor([True, True, True, True], device=DEVICE)
+    st4 = randn(4, Hv, Dk, Dv, gen=g, scale=0.1)
+    s1, s2 = st4.clone(), st4.clone()
+    o_t = registry.call_triton("gated_delta_rule_recurrent", *rows, s1, sl4, init4, v_head_order=order)
+    o_r = registry.call_reference("gated_delta_rule_recurrent", *rows, s2, sl4, init4, v_head_order=order)
+    assert_close(o_t, o_r)
+    assert_close(s1, s2, tol=1e-5)
     B = 32
     qd, kd, vd, ad, bd, _, _ = _gdn_inputs(B, Hk, Hv, Dk, Dv, torch.float16, g)
     sd = randn(B, Hv, Dk, Dv, gen=g, scale=0.1)

@@ -20,6 +20,11 @@ from g906.engine.layers.linear import FusedProjections, Linear, is_packed
 from g906.engine.layers.norms import AddNorm, GatedRMSNorm
 
 
+# sequences of at most this many tokens take the recurrent form of the delta rule: a chunk would
+# be mostly padding (g906/kernels/gdn/recurrent.py)
+RECURRENT_MAX_TOKENS = 16
+
+
 class Conv1dWeight(WeightHolder):
     """Depthwise conv1d weight, kept as [channels, kernel] (HF stores [channels, 1, kernel])."""
 
@@ -95,16 +100,8 @@ class GatedDeltaNet(WeightHolder):
         if ctx.keep_linear_inputs:
             self._keep(qkv, a, b, ctx, conv_state, ssm_state)
         if ctx.is_prefill:
-            qkv = ops.causal_conv1d_prefill(qkv, w, ctx.cu_seqlens_q, conv_state, slots, has_init,
-                                            ctx.context_lens)
-            q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-            o = ops.gated_delta_rule_prefill(
-                q.reshape(t, self.num_k_heads, self.head_k_dim),
-                k.reshape(t, self.num_k_heads, self.head_k_dim),
-                v.reshape(t, self.num_v_heads, self.head_v_dim),
-                a, b, self.A_log, self.dt_bias, ctx.cu_seqlens_q, ssm_state, slots, has_init,
-                v_head_order=self.head_order,
-            )
+            o = self._conv_and_rule(qkv, a, b, ctx.cu_seqlens_q, conv_state, ssm_state, slots, has_init,
+                                    ctx.context_lens, ctx.max_seqlen_q)
         # z stays a [t, Hv, Dv] view of the projection output (the norm reads it in place)
         z = z.view(t, self.num_v_heads, self.head_v_dim)
         if not ctx.is_prefill:  # conv step and recurrent step in one kernel on a GPU
@@ -121,6 +118,20 @@ class GatedDeltaNet(WeightHolder):
                 return self.out_proj(o.reshape(t, self.value_dim), then)
         return self.out_proj.forward_gated_norm(o, z, self.norm, then)
 
+    def _conv_and_rule(self, qkv, a, b, cu_seqlens, conv_state, ssm_state, slots, has_init, context_lens,
+                       max_seqlen: int):
+        """The causal conv and the gated delta rule over a flat varlen batch of sequences of at
+        most max_seqlen tokens (their rings and states updated): token by token for sequences
+        of a few tokens (a verify step, a rollback's replay), chunked for longer ones."""
+        x = ops.causal_conv1d_prefill(qkv, self.conv1d.weight, cu_seqlens, conv_state, slots, has_init,
+                                      context_lens)
+        t = x.shape[0]
+        q, k, v = x.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        rule = ops.gated_delta_rule_recurrent if max_seqlen <= RECURRENT_MAX_TOKENS else ops.gated_delta_rule_prefill
+        return rule(q.reshape(t, self.num_k_heads, self.head_k_dim), k.reshape(t, self.num_k_heads, self.head_k_dim),
+                    v.reshape(t, self.num_v_heads, self.head_v_dim), a, b, self.A_log, self.dt_bias, cu_seqlens,
+                    ssm_state, slots, has_init, v_head_order=self.head_order)
+
     # -- speculative verification ---------------------------------------------------------------
     def _keep(self, qkv, a, b, ctx: ForwardContext, conv_state, ssm_state) -> None:
         """Before a verify step: the states of its sequences and the step's conv inputs and
@@ -129,7 +140,8 @@ class GatedDeltaNet(WeightHolder):
         rows = ctx.kept_rows
         slots = ctx.state_slots.long() if rows is None else ctx.state_slots.long().index_select(0, rows)
         self._kept = (conv_state.index_select(0, slots), ssm_state.index_select(0, slots), qkv.clone(),
-                      a.clone(), b.clone(), ctx.cu_seqlens_q, ctx.state_slots, ctx.context_lens, rows)
+                      a.clone(), b.clone(), ctx.cu_seqlens_q, ctx.state_slots, ctx.context_lens, rows,
+                      ctx.max_seqlen_q)
 
     def rollback(self, keep: torch.Tensor, snaps: torch.Tensor | None = None) -> None:
         """End each sequence's state after its first keep[i] tokens of the kept verify step:
@@ -171,24 +183,18 @@ class GatedDeltaNet(WeightHolder):
         kept, self._kept = self._kept, None
         if kept is None:
             return
-        conv0, ssm0, qkv, a, b, _, slots, ctx_lens, rows = kept
+        conv0, ssm0, qkv, a, b, _, slots, ctx_lens, rows, width = kept
         sl = slots.long() if rows is None else slots.long().index_select(0, rows)
         self.conv_state.index_copy_(0, sl, conv0)
         self.ssm_state.index_copy_(0, sl, ssm0)
-        x = ops.causal_conv1d_prefill(qkv, self.conv1d.weight, cu_keep, self.conv_state, slots, has_init, ctx_lens)
-        t = x.shape[0]
-        q, k, v = x.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        ops.gated_delta_rule_prefill(
-            q.reshape(t, self.num_k_heads, self.head_k_dim), k.reshape(t, self.num_k_heads, self.head_k_dim),
-            v.reshape(t, self.num_v_heads, self.head_v_dim), a, b, self.A_log, self.dt_bias, cu_keep,
-            self.ssm_state, slots, has_init, v_head_order=self.head_order,
-        )
+        # (no row grows: a row's cut-off tokens go to the filler row after it, which had none)
+        self._conv_and_rule(qkv, a, b, cu_keep, self.conv_state, self.ssm_state, slots, has_init, ctx_lens, width)
 
     def _replay(self, kept, seqs: list[int], lens: list[int], dst: list[int], at: list[int] | None = None) -> None:
         """Write into state slot dst[j] the state of kept sequence seqs[j] after its first
         lens[j] tokens of the kept step: its state from before the step, then those tokens.
         at[j]: the index of its kept state (seqs[j] when every row's state is kept)."""
-        conv0, ssm0, qkv, a, b, cu, _, ctx_lens, _ = kept
+        conv0, ssm0, qkv, a, b, cu, _, ctx_lens, _, _ = kept
         cu_l = cu.tolist()
         dev = qkv.device
         idx = torch.tensor(seqs, dtype=torch.long, device=dev)
@@ -207,12 +213,5 @@ class GatedDeltaNet(WeightHolder):
         cu_t = torch.tensor(sub_cu, **i32)
         sl32 = sl.to(torch.int32)
         has_init = torch.ones(len(seqs), dtype=torch.bool, device=dev)
-        x = ops.causal_conv1d_prefill(qkv.index_select(0, rows_t), self.conv1d.weight, cu_t, self.conv_state, sl32,
-                                      has_init, ctx_lens.index_select(0, idx))
-        t = x.shape[0]
-        q, k, v = x.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        ops.gated_delta_rule_prefill(
-            q.reshape(t, self.num_k_heads, self.head_k_dim), k.reshape(t, self.num_k_heads, self.head_k_dim),
-            v.reshape(t, self.num_v_heads, self.head_v_dim), a.index_select(0, rows_t), b.index_select(0, rows_t),
-            self.A_log, self.dt_bias, cu_t, self.ssm_state, sl32, has_init, v_head_order=self.head_order,
-        )
+        self._conv_and_rule(qkv.index_select(0, rows_t), a.index_select(0, rows_t), b.index_select(0, rows_t), cu_t,
+                            self.conv_state, self.ssm_state, sl32, has_init, ctx_lens.index_select(0, idx), max(lens))

@@ -12,6 +12,7 @@ from g906.kernels.ops import (  # noqa: F401
     embedding,
     gated_delta_rule_decode,
     gated_delta_rule_prefill,
+    gated_delta_rule_recurrent,
     gated_norm_linear,
     gated_rms_norm,
     linear,

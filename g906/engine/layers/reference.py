@@ -388,6 +388,30 @@ def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, cu_seqlens, ssm_stat
     return out
 
 
+def gated_delta_rule_recurrent(q, k, v, a, b, A_log, dt_bias, cu_seqlens, ssm_states, state_slots,
+                               has_initial_state, *, v_head_order="grouped"):
+    """gated_delta_rule_prefill's result, one position at a time across all the sequences that
+    reach it (for batches of short sequences)."""
+    qf, kf, vf, g, beta = _prepare(q, k, v, a, b, A_log, dt_bias, v_head_order)
+    cu = cu_seqlens.tolist()
+    lens = [e - s for s, e in zip(cu, cu[1:])]
+    slots = state_slots.to(torch.long)
+    carried = has_initial_state.to(torch.bool).view(-1, 1, 1, 1)
+    states = torch.where(carried, ssm_states[slots].float(), torch.zeros((), device=v.device))
+    out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+    for j in range(max(lens, default=0)):
+        live = [i for i, n in enumerate(lens) if n > j]
+        seq = torch.tensor(live, dtype=torch.long, device=v.device)
+        row = torch.tensor([cu[i] + j for i in live], dtype=torch.long, device=v.device)
+        s = states[seq] * g[row].exp()[..., None, None]
+        u = (vf[row] - torch.einsum("bhkv,bhk->bhv", s, kf[row])) * beta[row][..., None]
+        s = s + kf[row][..., :, None] * u[..., None, :]
+        out[row] = torch.einsum("bhkv,bhk->bhv", s, qf[row])
+        states[seq] = s
+    ssm_states[slots] = states.to(ssm_states.dtype)
+    return out.to(v.dtype)
+
+
 def gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, *,
                             v_head_order="grouped"):
     """One recurrent step per sequence: q/k [B, Hk, Dk], v [B, Hv, Dv], a/b [B, Hv];
