@@ -71,6 +71,33 @@ def test_kernel_matches_reference(gs, zeros, act, bits, T):
     assert_close(out, ref, tol=2e-3 if dtype == torch.float16 else 1e-5)
 
 
+@pytest.mark.parametrize("gs,zeros,act,bits", CASES)
+def test_dequantized_rows_match_the_reference(gs, zeros, act, bits):
+    from g906.kernels.int4.kernel import dequantize_rows
+
+    K = 256 if gs != 128 else 384
+    w = random_weight(37, K, gs, bits=bits, zeros=zeros, act_order=act, seed=gs + bits)
+    ref = dequantize(w)                               # the weight's column order, as the kernel's
+    assert torch.equal(dequantize_rows(w, torch.float32), ref)
+    assert torch.equal(dequantize_rows(w, torch.float16, (5, 30)), ref[5:30].half())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_prefill_through_the_dense_weights(dtype, monkeypatch):
+    """The GPU's prefill path (dense weights, then the vendor GEMM), in one row block and in
+    several (a small block size forced)."""
+    from g906.kernels.int4 import kernel
+
+    w = random_weight(70, 256, 64, zeros=True, act_order=True, seed=9)
+    x = randn(20, 256, dtype=dtype, gen=torch.Generator().manual_seed(3))
+    ref = registry.call_reference("group_quant_matmul", x, w)
+    tol = 2e-3 if dtype == torch.float16 else 1e-5
+    assert_close(kernel.group_quant_matmul(x, w, dense=True), ref, tol=tol)
+    monkeypatch.setattr(kernel, "DEQUANT_CHUNK", 32 * 256)
+    monkeypatch.setattr(kernel, "DEQUANT_ROWS", 16)          # row blocks of 32: three, the last short
+    assert_close(kernel.group_quant_matmul(x, w, dense=True), ref, tol=tol)
+
+
 def test_per_channel_tail_and_linear_dispatch(monkeypatch):
     """K not a multiple of the loop step (one group per row); ops.linear routes the weight to
     the same kernel."""

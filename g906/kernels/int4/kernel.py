@@ -1,5 +1,6 @@
-"""Triton dequant-matmul over GroupQuantWeight (weight.py): a GEMV for decode (T <= 16) and a
-tiled GEMM for prefill (tl.dot, which has a non-matrix-core lowering on gfx906).
+"""Triton dequant-matmul over GroupQuantWeight (weight.py): a GEMV for decode (T <= 16); for
+prefill on a GPU the weights dequantized a row block at a time for the vendor GEMM, elsewhere
+a tiled GEMM (tl.dot, which has a non-matrix-core lowering on gfx906).
 
 Both read the packed words of BLOCK_N rows and BLOCK_K input features a step (the GEMV each
 word once, its values shifted out along a third axis; the GEMM per value, as tl.dot wants a
@@ -17,6 +18,7 @@ import triton
 import triton.language as tl
 
 from .._triton_util import empty, next_pow2
+from ..linear.packed_gemm import DEQUANT_CHUNK, DEQUANT_ROWS
 from .reference import permute_input
 from .weight import GroupQuantWeight
 
@@ -122,6 +124,57 @@ def _gq_gemm_kernel(x_ptr, qw_ptr, s_ptr, z_ptr, y_ptr, T, N, K, sx, sq, ss, sz,
              mask=mm[:, None] & nm[None, :])
 
 
+@triton.jit
+def _gq_dequant_kernel(qw_ptr, s_ptr, z_ptr, out_ptr, N, K, sq, ss, sz, so,
+                       BITS: tl.constexpr, GS: tl.constexpr, ONE_GROUP: tl.constexpr, HAS_Z: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out [N, K] = the dense weights (in out's dtype), a [BLOCK_N, BLOCK_K] tile a program."""
+    WT = out_ptr.dtype.element_ty
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k0 = tl.program_id(1) * BLOCK_K
+    k = k0 + tl.arange(0, BLOCK_K)
+    nm = rn < N
+    km = k < K
+    s_one, z_one = _row_params(s_ptr, z_ptr, rn, nm, ss, sz, BITS, HAS_Z, WT)
+    w = _dequant_tile(qw_ptr, s_ptr, z_ptr, rn, nm, k, km, k0, sq, ss, sz, s_one, z_one,
+                      BITS, GS, ONE_GROUP, HAS_Z, WT)
+    tl.store(out_ptr + rn[:, None].to(tl.int64) * so + k[None, :], w, mask=nm[:, None] & km[None, :])
+
+
+def dequantize_rows(w: GroupQuantWeight, dtype: torch.dtype, rows: tuple[int, int] | None = None) -> torch.Tensor:
+    """The dense [r1 - r0, K] weights of rows r0:r1 (all by default), in the weight's column
+    order (an act-order weight's: the permuted input meets them)."""
+    r0, r1 = rows if rows is not None else (0, w.shape[0])
+    K = w.shape[1]
+    out = torch.empty((r1 - r0, K), dtype=dtype, device=w.qweight.device)
+    if r1 <= r0 or K == 0:
+        return out
+    zeros = w.zeros if w.zeros is not None else w.scales       # unread without zero points
+    bn, bk = 16, block_k(w)
+    _gq_dequant_kernel[(triton.cdiv(r1 - r0, bn), triton.cdiv(K, bk))](
+        w.qweight[r0:], w.scales[r0:], zeros[r0:], out, r1 - r0, K, w.qweight.stride(0), w.scales.stride(0),
+        zeros.stride(0), out.stride(0), BITS=w.bits, GS=w.group_size, ONE_GROUP=w.per_channel,
+        HAS_Z=w.zeros is not None, BLOCK_N=bn, BLOCK_K=bk, num_warps=4)
+    return out
+
+
+def _dequant_matmul(xp: torch.Tensor, w: GroupQuantWeight, y: torch.Tensor) -> torch.Tensor:
+    """Prefill on a GPU: the weights dequantized a row block at a time, then the vendor GEMM
+    (cuBLAS / rocBLAS), as the GGUF prefill does (linear/packed_gemm.py: _pq_dequant_matmul):
+    a tiled dequant-GEMM in Triton is many times slower, and the dense block is transient."""
+    N, K = w.shape
+    T = xp.shape[0]
+    step = max(DEQUANT_ROWS, (DEQUANT_CHUNK // max(K, 1)) // DEQUANT_ROWS * DEQUANT_ROWS)
+    if N <= step:
+        return torch.mm(xp, dequantize_rows(w, xp.dtype).t(), out=y)
+    y_t = torch.empty((N, T), dtype=xp.dtype, device=xp.device)
+    for r0 in range(0, N, step):
+        r1 = min(N, r0 + step)
+        torch.mm(dequantize_rows(w, xp.dtype, (r0, r1)), xp.t(), out=y_t[r0:r1])
+    y.copy_(y_t.t())
+    return y
+
+
 GEMV_MAX_T = 16
 
 
@@ -139,8 +192,11 @@ def supported(x: torch.Tensor, w: GroupQuantWeight) -> bool:
             and (w.per_channel or (gs >= 16 and gs & (gs - 1) == 0)))
 
 
-def group_quant_matmul(x: torch.Tensor, w: GroupQuantWeight, *, block_n: int | None = None) -> torch.Tensor:
-    """x [T, K] @ dequantize(w)^T -> [T, N] in x's dtype."""
+def group_quant_matmul(x: torch.Tensor, w: GroupQuantWeight, *, block_n: int | None = None,
+                       dense: bool | None = None) -> torch.Tensor:
+    """x [T, K] @ dequantize(w)^T -> [T, N] in x's dtype. Above GEMV_MAX_T rows: the dense
+    weights and the vendor GEMM (dense; default: on a GPU, for half-precision activations), else
+    the tiled Triton GEMM."""
     xp = permute_input(x, w).contiguous()
     T, K = xp.shape
     N = w.shape[0]
@@ -156,6 +212,8 @@ def group_quant_matmul(x: torch.Tensor, w: GroupQuantWeight, *, block_n: int | N
         bn = block_n or 32
         _gq_gemv_kernel[(triton.cdiv(N, bn),)](*args, BLOCK_T=next_pow2(T), BLOCK_N=bn, num_warps=4,
                                                **common)
+    elif dense if dense is not None else (x.device.type == "cuda" and x.dtype != torch.float32):
+        _dequant_matmul(xp, w, y)
     else:
         bm, bn = 32, block_n or 64
         _gq_gemm_kernel[(triton.cdiv(T, bm), triton.cdiv(N, bn))](
