@@ -7,6 +7,12 @@ import weakref
 
 import torch
 
+# prefill with quantized weights on a GPU (GGUF, int4): weights dequantized at a time for the
+# vendor GEMM (256 MB fp16): every 9B/27B matrix but the LM head (never a prefill GEMM) in one
+# block; row blocks are multiples of DEQUANT_ROWS
+DEQUANT_CHUNK = 1 << 27
+DEQUANT_ROWS = 256
+
 
 def next_pow2(n: int) -> int:
     return 1 << (max(int(n), 1) - 1).bit_length()

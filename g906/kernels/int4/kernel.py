@@ -17,8 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_util import empty, next_pow2
-from ..linear.packed_gemm import DEQUANT_CHUNK, DEQUANT_ROWS
+from .._triton_util import DEQUANT_CHUNK, DEQUANT_ROWS, empty, next_pow2
 from .reference import permute_input
 from .weight import GroupQuantWeight
 

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_util import num_sms
+from .._triton_util import DEQUANT_CHUNK, DEQUANT_ROWS, num_sms
 from .packed_config import _pq_args
 from .packed_fields import (PQ_E, PQ_QTYPES, _pq_field, _pq_scales, _q5_bytes, _q6_bytes,
                             _swap_row_halves)
@@ -169,9 +169,6 @@ def field_major_order(K: int, E: int, device) -> torch.Tensor:
     return nat.reshape(-1).to(device)
 
 
-DEQUANT_CHUNK = 1 << 27          # weights dequantized at a time for a prefill matmul (256 MB fp16):
-                                 # every 9B/27B matrix but the LM head (never a prefill GEMM) in one block
-DEQUANT_ROWS = 256               # row blocks are multiples of this
 
 
 def _pq_dequant_matmul(x, pw, out):
