@@ -135,6 +135,13 @@ def _gdn_decode_kernel(q_ptr, k_ptr, v_ptr, a_ptr, b_ptr, alog_ptr, dtb_ptr, st_
             tl.store(orow + dd, y.to(o_ptr.dtype.element_ty), mask=dm)
 
 
+def check_layout(q, k, v, a, b, ssm_states) -> None:
+    """What the delta-rule kernels index by: fp32 states and unit strides along the last axis."""
+    assert ssm_states.dtype == torch.float32 and ssm_states.stride(3) == 1
+    for t in (q, k, v, a, b):
+        assert t.stride(-1) == 1
+
+
 def gated_delta_rule_decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, *,
                             v_head_order="grouped", block_v=None, num_warps=4):
     return _decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, v_head_order,
@@ -151,10 +158,7 @@ def _decode(q, k, v, a, b, A_log, dt_bias, ssm_states, state_slots, v_head_order
     o = empty((B, Hv, DV), v.dtype, v.device)
     if B == 0:
         return o
-    assert ssm_states.dtype == torch.float32 and ssm_states.stride(3) == 1
-    for t in (q, k, v):
-        assert t.stride(-1) == 1
-    assert a.stride(-1) == 1 and b.stride(-1) == 1
+    check_layout(q, k, v, a, b, ssm_states)
     BLOCK_K = next_pow2(DK)
     BLOCK_V = block_v or min(next_pow2(DV), 32 if B * Hv >= 256 else 16)
     n_vb = triton.cdiv(DV, BLOCK_V)
@@ -442,10 +446,7 @@ def gated_delta_rule_prefill(q, k, v, a, b, A_log, dt_bias, cu_seqlens, ssm_stat
     o = empty((T, Hv, DV), v.dtype, v.device)
     if B == 0:
         return o
-    assert ssm_states.dtype == torch.float32 and ssm_states.stride(3) == 1
-    for t in (q, k, v):
-        assert t.stride(-1) == 1
-    assert a.stride(-1) == 1 and b.stride(-1) == 1
+    check_layout(q, k, v, a, b, ssm_states)
     C = max(16, next_pow2(chunk_size))
     assert C <= 64, "chunk_size must be at most 64"
     BLOCK_K = max(16, next_pow2(DK))

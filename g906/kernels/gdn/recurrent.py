@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from .._triton_util import empty, next_pow2, step_memo
-from .kernel import _key_head, _softplus
+from .kernel import _key_head, _softplus, check_layout
 
 
 @triton.jit
@@ -68,10 +68,7 @@ def gated_delta_rule_recurrent(q, k, v, a, b, A_log, dt_bias, cu_seqlens, ssm_st
     o = empty((T, Hv, DV), v.dtype, v.device)
     if B == 0:
         return o
-    assert ssm_states.dtype == torch.float32 and ssm_states.stride(3) == 1
-    for x in (q, k, v):
-        assert x.stride(-1) == 1
-    assert a.stride(-1) == 1 and b.stride(-1) == 1
+    check_layout(q, k, v, a, b, ssm_states)
     BLOCK_K = next_pow2(DK)
     BLOCK_V = block_v or min(next_pow2(DV), 32 if B * Hv >= 256 else 16)
     init = step_memo("gdn.init", (has_initial_state,), None, lambda: has_initial_state.to(torch.int32))
