@@ -87,7 +87,8 @@ def stop_ids(params, num_output_tokens: int, eos_token_ids) -> list[int]:
 class Closing:
     """The rows of one sampling call under the rule: their stop ids and end tags' first ids."""
 
-    def __init__(self, rows, eos_token_ids, vocab_size: int, device):
+    def __init__(self, rows, eos_token_ids, vocab_size: int, device, *, argmax: bool = False):
+        """argmax: every row takes its best token whatever its sampling (the MTP drafter's rows)."""
         self.greedy: list[int] = []
         self.sampled: list[int] = []
         self._stops: dict[int, list[int]] = {}
@@ -101,7 +102,7 @@ class Closing:
             if not stops:
                 continue
             self._stops[i], self._end[i] = stops, p.think_end_ids[0]
-            (self.greedy if p.greedy else self.sampled).append(i)
+            (self.greedy if p.greedy or argmax else self.sampled).append(i)
         self.vocab_size = vocab_size
         self.device = device
 

@@ -215,7 +215,7 @@ def test_guide_speculate_leaves_the_matcher_unchanged():
     assert guide.finished and not guide.matcher.is_error()
 
 
-def test_a_stop_inside_a_constrained_thinking_under_speculation(loaded):
+def test_a_stop_inside_a_constrained_thinking_under_speculation(loaded, monkeypatch):
     """A constrained request's stop token inside its thinking becomes </think> (then the grammar's
     answer) at the same place with and without speculation, greedy; the verify step's drafts
     cross it. Seeded sampled requests under speculation close their thinking and answer too."""
@@ -235,6 +235,22 @@ def test_a_stop_inside_a_constrained_thinking_under_speculation(loaded):
         got, eng = run(loaded, PROMPTS[:2] + PROMPTS[:1], params, spec)
         assert got == ref, spec
         assert eng.stats()["spec_num_draft_tokens"] > 0
+    # the MTP drafter applies the rule too: it drafts </think> where the target will close, never the stop
+    from g906.engine.spec.decoder import SpecDecoder
+
+    drafted, inner = [], SpecDecoder._draft_tokens
+
+    def recording(self, logits, seqs, drafts):
+        toks = inner(self, logits, seqs, drafts)
+        drafted.extend((s.params, s.output_token_ids + drafts.get(s.seq_id, []), t)
+                       for s, t in zip(seqs, toks.tolist()))
+        return toks
+
+    monkeypatch.setattr(SpecDecoder, "_draft_tokens", recording)
+    assert run(loaded, PROMPTS[:2] + PROMPTS[:1], params, MTP[2])[0] == ref
+    closing = [(p, out, t) for p, out, t in drafted if p.answer_after_thinking and end[0] not in out]
+    assert closing and not any(t in p.stop_token_ids for p, _, t in closing)
+    assert any(t == end[0] for _, _, t in closing)
     sampled = [SamplingParams(temperature=1.0, seed=s, max_tokens=40, logit_bias={EOS: 4.0},
                               structured_outputs=S(regex=regex, after="</think>")) for s in range(4)]
     got, eng = run(loaded, PROMPTS[:4], sampled, MTP[2])

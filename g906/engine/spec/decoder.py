@@ -49,9 +49,11 @@ import torch
 
 from g906.arch.speculative import SpeculativeConfig
 from g906.engine.block_manager import BlockManager
+from g906.engine.constrained_thinking import Closing, apply_continuation
 from g906.engine.context import ForwardContext
 from g906.engine.model_runner import sampler_row
 from g906.engine.prefix_cache import PrefixCache
+from g906.engine.sampler import SamplerRow
 from g906.engine.scheduler import ScheduledBatch
 from g906.engine.sequence import Sequence
 from g906.engine.spec.ngram import propose_ngram
@@ -389,8 +391,16 @@ class SpecDecoder:
 
     def _draft_tokens(self, logits: torch.Tensor, seqs: list[Sequence], drafts: dict[int, list[int]]) -> torch.Tensor:
         """The drafter's argmax per row; a constrained sequence's within its grammar's mask after
-        its drafts so far, so that its drafts are ones the target may accept."""
+        its drafts so far, and with a stop token inside its thinking closing the thinking instead
+        (g906/engine/constrained_thinking.py), so that its drafts are ones the target may accept."""
         from g906.engine.structured.mask import apply
+
+        if any(s.params.answer_after_thinking for s in seqs):
+            rows = [SamplerRow(key=s.seq_id, params=s.params, output_token_ids=s.output_token_ids
+                               + drafts.get(s.seq_id, []) if s.params.answer_after_thinking else None)
+                    for s in seqs]
+            closing = Closing(rows, self.runner.sampler.eos_token_ids, logits.shape[1], logits.device, argmax=True)
+            logits = closing.greedy_logits(apply_continuation(logits, rows))
 
         guided, r = [], 0
         for i, s in enumerate(seqs):
