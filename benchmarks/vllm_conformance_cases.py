@@ -28,6 +28,8 @@ MODEL_DEPENDENT: list[tuple[str, str, str]] = [
     ("responses/test_basic.py", "test_instructions", ANSWER),
     ("responses/test_basic.py", "test_chat", ANSWER),
     ("responses/test_basic.py", "test_logprobs", BOTH_PARTS + "; the logprobs asked for are the answer's"),
+    ("responses/test_basic.py", "test_streaming", BOTH_PARTS + ", and ends with response.completed: a random model "
+     "sampling without max_output_tokens also runs to the context limit (response.incomplete) at times"),
     ("responses/test_simple.py", "test_reasoning_item*", BOTH_PARTS),
     ("responses/test_simple.py", "test_streaming_logprobs*", BOTH_PARTS + "; the logprobs asked for are the answer's"),
     ("responses/test_stateful.py", "test_background", SHORT_ANSWER),

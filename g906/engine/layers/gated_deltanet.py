@@ -187,7 +187,7 @@ class GatedDeltaNet(WeightHolder):
         sl = slots.long() if rows is None else slots.long().index_select(0, rows)
         self.conv_state.index_copy_(0, sl, conv0)
         self.ssm_state.index_copy_(0, sl, ssm0)
-        # (no row grows: a row's cut-off tokens go to the filler row after it, which had none)
+        # no row is longer than the step's width: what a row cuts off joins the filler row after it
         self._conv_and_rule(qkv, a, b, cu_keep, self.conv_state, self.ssm_state, slots, has_init, ctx_lens, width)
 
     def _replay(self, kept, seqs: list[int], lens: list[int], dst: list[int], at: list[int] | None = None) -> None:
