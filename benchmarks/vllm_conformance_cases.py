@@ -45,6 +45,12 @@ MODEL_DEPENDENT: list[tuple[str, str, str]] = [
     ("responses/test_function_call.py", "test_function_calling_with_streaming_types[*-tool_choice2-*]", FINISHED_ARGS),
     ("responses/test_function_call.py", "test_function_calling_with_streaming_forced_tool_choice[auto-*]",
      CHOSEN_CALL),
+    # a random model's string runs to the context limit, and a call cut off there keeps its
+    # arguments unterminated (docs/server.md: as OpenAI sends it), which json.loads refuses
+    ("responses/test_function_call.py", "test_function_calling_with_streaming_forced_tool_choice[required-*]",
+     FINISHED_ARGS),
+    ("responses/test_function_call.py", "test_function_calling_with_streaming_forced_tool_choice[tool_choice2-*]",
+     FINISHED_ARGS),
 ]
 
 # Setup errors that say a test requirement is missing (a package vLLM's CI installs, such as
