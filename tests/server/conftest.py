@@ -64,6 +64,17 @@ class Served:
             out[re.sub(r"\{.*\}", "", name)] = float(value)
         return out
 
+    def idle_metrics(self, timeout: float = 10.0) -> dict[str, float]:
+        """The metrics once no request runs or waits (or as they are after `timeout` seconds):
+        what a test reads after its requests ended or were dropped."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = self.metrics()
+            if (m["g906:num_requests_running"] == 0 and m["g906:num_requests_waiting"] == 0) \
+                    or time.monotonic() > deadline:
+                return m
+            time.sleep(0.02)
+
 
 def server_env() -> dict[str, str]:
     env = dict(os.environ)

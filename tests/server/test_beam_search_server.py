@@ -28,17 +28,8 @@ def offline():
     llm.close()
 
 
-def idle(server) -> dict:
-    deadline = time.monotonic() + 10
-    while True:
-        m = server.metrics()
-        if (m["g906:num_requests_running"] == 0 and m["g906:num_requests_waiting"] == 0) or time.monotonic() > deadline:
-            return m
-        time.sleep(0.05)
-
-
 def assert_nothing_held(server) -> None:
-    m = idle(server)
+    m = server.idle_metrics()
     assert m["g906:num_requests_running"] == 0 and m["g906:num_requests_waiting"] == 0
     assert m["g906:kv_cache_blocks_used"] == 0 and m["g906:state_slots_used"] == 0
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import httpx
 import pytest
@@ -262,12 +261,7 @@ def test_32_concurrent_streams_equal_sequential_and_free_everything(client, acli
     got = asyncio.run(all_of_them())
     for case, e, g in zip(cases, expected, got):
         assert g == e, case
-    deadline = time.monotonic() + 10
-    while True:
-        m = server.metrics()
-        if m["g906:num_requests_running"] == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+    m = server.idle_metrics()
     assert m["g906:kv_cache_blocks_used"] == 0
     assert m["g906:state_slots_used"] == 0
     assert m["g906:num_requests_running"] == 0 and m["g906:num_requests_waiting"] == 0
@@ -291,12 +285,7 @@ def test_disconnect_mid_stream_aborts_within_a_step(server):
             assert before["g906:num_requests_running"] == 1
             assert before["g906:kv_cache_blocks_used"] > 0
     steps_at_close = server.metrics()["g906:engine_steps"]
-    deadline = time.monotonic() + 5
-    while True:
-        m = server.metrics()
-        if m["g906:num_requests_running"] == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(0.01)
+    m = server.idle_metrics(5)
     assert m["g906:num_requests_running"] == 0
     assert m["g906:kv_cache_blocks_used"] == 0 and m["g906:state_slots_used"] == 0
     # aborted at once: the engine did not run on for the remaining ~390 tokens
@@ -309,12 +298,7 @@ def test_nonstream_disconnect_aborts(server):
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.v1 + "/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"},
                    timeout=0.5)
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        m = server.metrics()
-        if m["g906:num_requests_running"] == 0:
-            break
-        time.sleep(0.02)
+    m = server.idle_metrics(5)
     assert m["g906:num_requests_running"] == 0 and m["g906:kv_cache_blocks_used"] == 0
 
 
