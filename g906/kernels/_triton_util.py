@@ -14,6 +14,26 @@ DEQUANT_CHUNK = 1 << 27
 DEQUANT_ROWS = 256
 
 
+def dequant_matmul(x: torch.Tensor, N: int, K: int, dense_rows, out: torch.Tensor) -> torch.Tensor:
+    """out [T, N] = x [T, K] @ W^T for a quantized W [N, K], dequantized a row block at a time
+    (dense_rows(r0, r1): its rows r0:r1 dense, in x's dtype) for the vendor GEMM (cuBLAS /
+    rocBLAS): far faster than a tiled dequant-GEMM in Triton, and the dense block is transient.
+    Several blocks are written transposed, so that each lands contiguously."""
+    step = max(DEQUANT_ROWS, (DEQUANT_CHUNK // max(K, 1)) // DEQUANT_ROWS * DEQUANT_ROWS)
+    if N <= step:
+        w = dense_rows(0, N)
+        if out.dtype == x.dtype:
+            return torch.mm(x, w.t(), out=out)
+        out.copy_(torch.mm(x, w.t()))
+        return out
+    out_t = torch.empty((N, x.shape[0]), dtype=x.dtype, device=x.device)
+    for r0 in range(0, N, step):
+        r1 = min(N, r0 + step)
+        torch.mm(dense_rows(r0, r1), x.t(), out=out_t[r0:r1])
+    out.copy_(out_t.t())
+    return out
+
+
 def next_pow2(n: int) -> int:
     return 1 << (max(int(n), 1) - 1).bit_length()
 

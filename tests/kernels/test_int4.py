@@ -86,6 +86,7 @@ def test_dequantized_rows_match_the_reference(gs, zeros, act, bits):
 def test_prefill_through_the_dense_weights(dtype, monkeypatch):
     """The GPU's prefill path (dense weights, then the vendor GEMM), in one row block and in
     several (a small block size forced)."""
+    from g906.kernels import _triton_util
     from g906.kernels.int4 import kernel
 
     w = random_weight(70, 256, 64, zeros=True, act_order=True, seed=9)
@@ -93,8 +94,8 @@ def test_prefill_through_the_dense_weights(dtype, monkeypatch):
     ref = registry.call_reference("group_quant_matmul", x, w)
     tol = 2e-3 if dtype == torch.float16 else 1e-5
     assert_close(kernel.group_quant_matmul(x, w, dense=True), ref, tol=tol)
-    monkeypatch.setattr(kernel, "DEQUANT_CHUNK", 32 * 256)
-    monkeypatch.setattr(kernel, "DEQUANT_ROWS", 16)          # row blocks of 32: three, the last short
+    monkeypatch.setattr(_triton_util, "DEQUANT_CHUNK", 32 * 256)
+    monkeypatch.setattr(_triton_util, "DEQUANT_ROWS", 16)          # row blocks of 32: three, the last short
     assert_close(kernel.group_quant_matmul(x, w, dense=True), ref, tol=tol)
 
 

@@ -524,9 +524,11 @@ def test_packed_to_dense_and_the_prefill_path(qtype, monkeypatch):
                                exact[:, order], rtol=1e-5, atol=tol)
     x = randn(24, K, dtype=torch.float16, gen=torch.Generator().manual_seed(3))
     ref = registry.call_reference("linear", x, w)
-    monkeypatch.setattr(packed_gemm, "DEQUANT_ROWS", 8)
+    from g906.kernels import _triton_util
+
+    monkeypatch.setattr(_triton_util, "DEQUANT_ROWS", 8)
     for chunk in (1 << 25, 8 * K):                                # one block; 5 blocks of 8 rows
-        monkeypatch.setattr(packed_gemm, "DEQUANT_CHUNK", chunk)
+        monkeypatch.setattr(_triton_util, "DEQUANT_CHUNK", chunk)
         out = torch.empty((24, N), dtype=torch.float16, device=DEVICE)
         assert_close(packed_gemm._pq_dequant_matmul(x, p, out), ref)
 

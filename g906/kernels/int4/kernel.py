@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_util import DEQUANT_CHUNK, DEQUANT_ROWS, empty, next_pow2
+from .._triton_util import dequant_matmul, empty, next_pow2
 from .reference import permute_input
 from .weight import GroupQuantWeight
 
@@ -157,23 +157,6 @@ def dequantize_rows(w: GroupQuantWeight, dtype: torch.dtype, rows: tuple[int, in
     return out
 
 
-def _dequant_matmul(xp: torch.Tensor, w: GroupQuantWeight, y: torch.Tensor) -> torch.Tensor:
-    """Prefill on a GPU: the weights dequantized a row block at a time, then the vendor GEMM
-    (cuBLAS / rocBLAS), as the GGUF prefill does (linear/packed_gemm.py: _pq_dequant_matmul):
-    a tiled dequant-GEMM in Triton is many times slower, and the dense block is transient."""
-    N, K = w.shape
-    T = xp.shape[0]
-    step = max(DEQUANT_ROWS, (DEQUANT_CHUNK // max(K, 1)) // DEQUANT_ROWS * DEQUANT_ROWS)
-    if N <= step:
-        return torch.mm(xp, dequantize_rows(w, xp.dtype).t(), out=y)
-    y_t = torch.empty((N, T), dtype=xp.dtype, device=xp.device)
-    for r0 in range(0, N, step):
-        r1 = min(N, r0 + step)
-        torch.mm(dequantize_rows(w, xp.dtype, (r0, r1)), xp.t(), out=y_t[r0:r1])
-    y.copy_(y_t.t())
-    return y
-
-
 GEMV_MAX_T = 16
 
 
@@ -212,7 +195,8 @@ def group_quant_matmul(x: torch.Tensor, w: GroupQuantWeight, *, block_n: int | N
         _gq_gemv_kernel[(triton.cdiv(N, bn),)](*args, BLOCK_T=next_pow2(T), BLOCK_N=bn, num_warps=4,
                                                **common)
     elif dense if dense is not None else (x.device.type == "cuda" and x.dtype != torch.float32):
-        _dequant_matmul(xp, w, y)
+        # prefill on a GPU: the vendor GEMM over dense row blocks, as the GGUF prefill does
+        dequant_matmul(xp, N, K, lambda r0, r1: dequantize_rows(w, xp.dtype, (r0, r1)), y)
     else:
         bm, bn = 32, block_n or 64
         _gq_gemm_kernel[(triton.cdiv(T, bm), triton.cdiv(N, bn))](

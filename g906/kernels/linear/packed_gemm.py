@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton_util import DEQUANT_CHUNK, DEQUANT_ROWS, num_sms
+from .._triton_util import dequant_matmul, num_sms
 from .packed_config import _pq_args
 from .packed_fields import (PQ_E, PQ_QTYPES, _pq_field, _pq_scales, _q5_bytes, _q6_bytes,
                             _swap_row_halves)
@@ -172,28 +172,13 @@ def field_major_order(K: int, E: int, device) -> torch.Tensor:
 
 
 def _pq_dequant_matmul(x, pw, out):
-    """Prefill: the weights dequantized to fp16 a row block at a time (field-major columns, so
-    the dequant's stores coalesce; x is gathered into the same order once), then the vendor
-    GEMM (cuBLAS / rocBLAS), written transposed so that each row block lands contiguously:
-    far faster than a tiled dequant-GEMM in Triton, and the fp16 copy is transient."""
+    """Prefill: the weights dequantized to fp16 a row block at a time for the vendor GEMM
+    (_triton_util.dequant_matmul), in field-major columns so that the dequant's stores
+    coalesce (x is gathered into the same order once)."""
     N, K = pw.shape
-    T = x.shape[0]
-    step = max(DEQUANT_ROWS, (DEQUANT_CHUNK // K) // DEQUANT_ROWS * DEQUANT_ROWS)
     xw = x.index_select(1, field_major_order(K, PQ_E[pw.qtype], x.device)).to(torch.float16)
-    if N <= step:
-        w = packed_to_dense(pw, field_major=True)
-        if out.dtype == torch.float16:
-            torch.mm(xw, w.t(), out=out)
-        else:
-            out.copy_(torch.mm(xw, w.t()))
-        return out
-    out_t = torch.empty((N, T), dtype=torch.float16, device=x.device)
-    for r0 in range(0, N, step):
-        r1 = min(N, r0 + step)
-        w = packed_to_dense(pw, torch.float16, (r0, r1), field_major=True)
-        torch.mm(w, xw.t(), out=out_t[r0:r1])
-    out.copy_(out_t.t())
-    return out
+    return dequant_matmul(xw, N, K, lambda r0, r1: packed_to_dense(pw, torch.float16, (r0, r1), field_major=True),
+                          out)
 
 
 def _pq_gemm(x, pw, out, **cfg):
